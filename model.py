@@ -1,0 +1,426 @@
+"""
+A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped.
+
+Every attention variant of the paper lives here behind one config field, `attn`:
+  standard            softmax(q k^T / sqrt(d)) v with q = W_q x, k = W_k x
+  coupled             (q, k) evolved jointly by a learned Hamiltonian, leapfrog (the paper's method)
+  euler               same Hamiltonian, explicit Euler (coupled, not symplectic)
+  uncoupled           q += g_q(q), k += g_k(k): matched-capacity MLP baseline, no coupling
+  invertible          affine couplings k <- k*exp(s1(q)) + t1(q), q <- q*exp(s2(k)) + t2(k) (paper v2)
+  diff                Differential Attention (Ye et al. 2024)
+  diff+<transform>    one of the q/k transforms above applied to each sub-head pair inside diff
+See ../shared/METHOD.md (and the README) for which parts are the paper's and which are our reading.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+QK_TRANSFORMS = ('coupled', 'euler', 'uncoupled', 'invertible')
+ATTN = ('standard',) + QK_TRANSFORMS + ('diff',) + tuple('diff+' + t for t in QK_TRANSFORMS)
+POS = ('learned', 'rope')
+# shapes: 'tiny' and 'small' train on a laptop CPU; the others are the paper's scales (METHOD.md)
+PRESETS = {
+    'tiny': dict(n_layer=4, n_head=4, n_embd=128),
+    'small': dict(n_layer=6, n_head=6, n_embd=384),
+    '60m': dict(n_layer=12, n_head=8, n_embd=512),
+    '150m': dict(n_layer=16, n_head=12, n_embd=768),
+    '350m': dict(n_layer=24, n_head=16, n_embd=1024),
+}
+DT_INIT = 0.1  # initial step size of every head's dynamics (our choice; the paper does not say)
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50257  # GPT-2 tokenizer
+    n_layer: int = 12
+    n_head: int = 8
+    n_embd: int = 512
+    dropout: float = 0.0
+    bias: bool = False       # biases in Linears and LayerNorms (GPT-2: True)
+    attn: str = 'standard'   # one of ATTN
+    qk_steps: int = 1        # integration steps (coupled, euler) or repeats of the map (uncoupled, invertible)
+    qk_hidden: int = 8       # hidden width m of the potential V; uncoupled/invertible nets use m // 4 (same params)
+    pos: str = 'learned'     # 'learned' absolute positions, or 'rope' (rotary, applied after the q/k dynamics)
+
+    def __post_init__(self):
+        def check(ok, msg):
+            if not ok:
+                raise ValueError(msg)
+        check(self.attn in ATTN, f"attn={self.attn!r} is unknown; choose one of {', '.join(ATTN)}")
+        check(self.pos in POS, f"pos={self.pos!r} is unknown; choose one of {', '.join(POS)}")
+        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'qk_hidden'):
+            check(getattr(self, name) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
+        check(self.n_embd % self.n_head == 0,
+              f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; pick n_head among "
+              f"{[h for h in range(1, 33) if self.n_embd % h == 0]}")
+        check(1 <= self.qk_steps <= 7, f"qk_steps must be in 1..7 (the paper's range), got {self.qk_steps}")
+        check(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
+        if self.attn.startswith('diff'):
+            check(self.n_head % 2 == 0, f"attn={self.attn} pairs heads into sub-heads: n_head must be even, "
+                  f"got {self.n_head}")
+        if self.pos == 'rope':
+            check((self.n_embd // self.n_head) % 2 == 0, f"pos=rope needs an even head size, got "
+                  f"n_embd/n_head = {self.n_embd // self.n_head}")
+
+
+class LayerNorm(nn.Module):
+    """ LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False """
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, input):
+        return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# q/k transforms. Each acts on q, k of shape (B, nh, T, hs), per head and per token: positions never mix.
+
+class HeadMLP(nn.Module):
+    """A separate two-layer SiLU net per head: x (B, nh, T, d_in) -> c_proj silu(c_fc x + bias) (B, nh, T, d_out)."""
+
+    def __init__(self, n_head, d_in, hidden, d_out, zero_out=False):
+        super().__init__()
+        self.c_fc = nn.Parameter(torch.randn(n_head, hidden, d_in) / math.sqrt(d_in))
+        self.bias = nn.Parameter(torch.zeros(n_head, 1, hidden))
+        self.c_proj = nn.Parameter(torch.zeros(n_head, d_out, hidden) if zero_out
+                                   else torch.randn(n_head, d_out, hidden) / math.sqrt(hidden))
+
+    def hidden(self, x):  # z = W x + b: (B, nh, T, d_in) @ (nh, d_in, m) -> (B, nh, T, m)
+        return torch.matmul(x, self.c_fc.transpose(1, 2)) + self.bias
+
+    def forward(self, x):
+        return torch.matmul(F.silu(self.hidden(x)), self.c_proj.transpose(1, 2))
+
+
+class Hamiltonian(nn.Module):
+    """
+    Query = position, key = momentum: H(q, k) = 1/2 |k|^2 + V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head.
+    integrator 'leapfrog' (attn=coupled) or 'euler'; step size dt learned per head.
+    """
+
+    def __init__(self, n_head, head_size, hidden, steps, integrator):
+        super().__init__()
+        self.V = HeadMLP(n_head, head_size, hidden, 1)  # c_fc = w (nh, m, hs), bias = b, c_proj = a (nh, 1, m)
+        self.dt = nn.Parameter(torch.full((n_head,), DT_INIT))
+        self.steps, self.integrator = steps, integrator
+
+    def potential(self, q):  # V(q): (B, nh, T, hs) -> (B, nh, T)
+        return self.V(q).squeeze(-1)
+
+    def energy(self, q, k):  # H(q, k) = 1/2 |k|^2 + V(q): (B, nh, T)
+        return 0.5 * k.pow(2).sum(-1) + self.potential(q)
+
+    def force(self, q):
+        # F(q) = -grad V(q) = -W^T (a * silu'(W q + b)), silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
+        z = self.V.hidden(q)                                       # (B, nh, T, m)
+        s = torch.sigmoid(z)
+        return torch.matmul(s * (1 + z * (1 - s)) * -self.V.c_proj, self.V.c_fc)  # (B, nh, T, hs)
+
+    def forward(self, q, k, dt=None):
+        dt = (self.dt if dt is None else dt).view(-1, 1, 1)       # (nh, 1, 1)
+        if self.integrator == 'euler':
+            for _ in range(self.steps):
+                q, k = q + dt * k, k + dt * self.force(q)         # q, k = q + dt k, k + dt F(q)
+            return q, k
+        f = self.force(q)
+        for _ in range(self.steps):  # kick-drift-kick; the force at the end of a step starts the next one
+            k = k + 0.5 * dt * f                                  # k += dt/2 F(q)
+            q = q + dt * k                                        # q += dt k
+            f = self.force(q)
+            k = k + 0.5 * dt * f                                  # k += dt/2 F(q)
+        return q, k
+
+    def inverse(self, q, k):
+        if self.integrator != 'leapfrog':
+            raise ValueError("only the leapfrog integrator is exactly invertible; euler is not")
+        return self(q, k, dt=-self.dt)  # leapfrog is time-reversible: integrating with -dt returns
+
+
+class Uncoupled(nn.Module):
+    """Matched-capacity baseline: q += dt g_q(q), k += dt g_k(k); each stream sees only itself."""
+
+    def __init__(self, n_head, head_size, hidden, steps):
+        super().__init__()
+        self.g_q = HeadMLP(n_head, head_size, hidden, head_size)
+        self.g_k = HeadMLP(n_head, head_size, hidden, head_size)
+        self.dt = nn.Parameter(torch.full((n_head,), DT_INIT))
+        self.steps = steps
+
+    def forward(self, q, k):
+        dt = self.dt.view(-1, 1, 1)
+        for _ in range(self.steps):
+            q, k = q + dt * self.g_q(q), k + dt * self.g_k(k)     # q += g_q(q); k += g_k(k)
+        return q, k
+
+
+class Invertible(nn.Module):
+    """RealNVP-style coupling of the halves (q, k), identity at init: k <- k exp(s1(q)) + t1(q); q <- q exp(s2(k)) + t2(k)."""
+
+    def __init__(self, n_head, head_size, hidden, steps):
+        super().__init__()
+        self.st1 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True)  # q -> (s1, t1)
+        self.st2 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True)  # k -> (s2, t2)
+        self.steps = steps
+
+    @staticmethod
+    def scale_shift(net, x):  # bounded log-scale s = tanh(.) keeps exp(s) in [1/e, e]
+        s, t = net(x).chunk(2, dim=-1)
+        return torch.tanh(s), t
+
+    def forward(self, q, k):
+        for _ in range(self.steps):
+            s1, t1 = self.scale_shift(self.st1, q)
+            k = k * torch.exp(s1) + t1                            # k = k exp(s1(q)) + t1(q)
+            s2, t2 = self.scale_shift(self.st2, k)
+            q = q * torch.exp(s2) + t2                            # q = q exp(s2(k)) + t2(k)
+        return q, k
+
+    def inverse(self, q, k):
+        for _ in range(self.steps):
+            s2, t2 = self.scale_shift(self.st2, k)
+            q = (q - t2) * torch.exp(-s2)
+            s1, t1 = self.scale_shift(self.st1, q)
+            k = (k - t1) * torch.exp(-s1)
+        return q, k
+
+
+def qk_transform(name, n_head, head_size, config):
+    """The q/k map of one layer, or None for plain attention. n_head counts the (sub-)heads that own a q, k pair."""
+    m, n = config.qk_hidden, config.qk_steps
+    if name == 'coupled':
+        return Hamiltonian(n_head, head_size, m, n, 'leapfrog')
+    if name == 'euler':
+        return Hamiltonian(n_head, head_size, m, n, 'euler')
+    if name == 'uncoupled':  # 4 h hs + 2h + nh params/head vs the potential's m hs + 2m + 1: h = m/4 matches
+        return Uncoupled(n_head, head_size, max(1, m // 4), n)
+    if name == 'invertible':
+        return Invertible(n_head, head_size, max(1, m // 4), n)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+class Rotary(nn.Module):
+    """Rotary position embedding (RoFormer), rotate-half form; applied to q, k after their dynamics."""
+
+    def __init__(self, head_size, block_size, base=10000.0):
+        super().__init__()
+        inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2).float() / head_size)
+        freqs = torch.outer(torch.arange(block_size).float(), inv_freq)           # (block_size, hs/2)
+        self.register_buffer('cos', freqs.cos().repeat(1, 2), persistent=False)  # (block_size, hs)
+        self.register_buffer('sin', freqs.sin().repeat(1, 2), persistent=False)
+
+    def forward(self, x, start):  # x: (B, nh, T, hs), positions start .. start+T-1
+        T = x.size(2)
+        x1, x2 = x.chunk(2, dim=-1)
+        cos, sin = self.cos[start:start + T].to(x.dtype), self.sin[start:start + T].to(x.dtype)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class KVCache:
+    """Per layer, the keys (already evolved and rotated) and values of every token seen so far."""
+
+    def __init__(self, n_layer):
+        self.layers = [None] * n_layer
+
+    def __len__(self):  # tokens cached (by the first layer; a forward pass updates the layers in turn)
+        return self.size(0)
+
+    def size(self, i):  # tokens cached by layer i
+        return 0 if self.layers[i] is None else self.layers[i][0].size(2)
+
+    def update(self, i, k, v):  # append this step's (B, nh, T, hs) keys/values, return all of them
+        if self.layers[i] is not None:
+            k, v = torch.cat((self.layers[i][0], k), dim=2), torch.cat((self.layers[i][1], v), dim=2)
+        self.layers[i] = (k, v)
+        return k, v
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        # key, query, value projections for all heads, but in a batch
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        # output projection
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj.SCALE_INIT = True
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head, self.n_embd, self.dropout, self.layer_idx = config.n_head, config.n_embd, config.dropout, layer_idx
+        self.head_size = config.n_embd // config.n_head
+        self.diff = config.attn.startswith('diff')
+        # q/k map over every q, k pair: n_head heads, or for diff n_head sub-heads (two per differential head)
+        self.qk = qk_transform(config.attn.removeprefix('diff').removeprefix('+'), config.n_head, self.head_size, config)
+        self.rotary = Rotary(self.head_size, config.block_size) if config.pos == 'rope' else None
+        if self.diff:  # reference: microsoft/unilm Diff-Transformer multihead_diffattn.py
+            self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
+            self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+                nn.Parameter(torch.randn(self.head_size) * 0.1) for _ in range(4))
+            self.subln = nn.RMSNorm(2 * self.head_size, eps=1e-5)  # per-head norm of the (B, nh/2, T, 2hs) output
+
+    def attend(self, q, k, v, past):
+        # softmax(q k^T / sqrt(hs)) v over positions <= t; with a cache, the new queries sit at past .. past+T-1
+        T = q.size(2)
+        mask = None if past == 0 else torch.ones(T, past + T, dtype=torch.bool, device=q.device).tril(past)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0 and T > 1,
+                                              dropout_p=self.dropout if self.training else 0.0)
+
+    def forward(self, x, cache=None):
+        B, T, C = x.size()  # batch size, sequence length, embedding dimensionality (n_embd)
+        past = 0 if cache is None else cache.size(self.layer_idx)
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs); diff: sub-heads 2i, 2i+1
+        k = k.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        if self.qk is not None:
+            q, k = self.qk(q, k)  # the paper's step: evolve each token's (q, k) jointly, before scoring
+        if self.rotary is not None:
+            q, k = self.rotary(q, past), self.rotary(k, past)
+        nh_v = self.n_head // 2 if self.diff else self.n_head
+        v = v.view(B, T, nh_v, C // nh_v).transpose(1, 2)  # (B, nh, T, hs); diff: (B, nh/2, T, 2hs)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)
+        if self.diff:
+            # (softmax(q1 k1^T) - lambda softmax(q2 k2^T)) v, lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init
+            lam = (torch.exp(torch.dot(self.lambda_q1, self.lambda_k1)) - torch.exp(torch.dot(self.lambda_q2, self.lambda_k2))
+                   + self.lambda_init)
+            y = self.attend(q, k, v.repeat_interleave(2, dim=1), past)  # (B, nh, T, 2hs): both sub-heads, same v
+            y = y.view(B, nh_v, 2, T, 2 * self.head_size)
+            y = self.subln(y[:, :, 0] - lam * y[:, :, 1]) * (1 - self.lambda_init)  # (B, nh/2, T, 2hs)
+        else:
+            y = self.attend(q, k, v, past)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj.SCALE_INIT = True
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cache=None):
+        x = x + self.attn(self.ln_1(x), cache)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config, verbose=True):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd) if config.pos == 'learned' else None,
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.apply(self._init_weights)  # Linear/Embedding only: the q/k nets initialize themselves
+        if verbose:
+            n, n_qk = self.get_num_params(), self.get_num_qk_params()
+            print(f"number of parameters: {n / 1e6:.2f}M; attn={config.attn} q/k dynamics add {n_qk:,} "
+                  f"({100 * n_qk / (n - n_qk):.3f}%)")
+
+    def get_num_params(self):
+        """All parameters, counting the tied embedding once (positions included: the paper's table counts all)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def get_num_qk_params(self):
+        """Parameters of the q/k transforms: what coupling adds to an attention variant."""
+        return sum(p.numel() for n, p in self.named_parameters() if '.qk.' in n)
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            # scaled init of the residual projections, per GPT-2
+            std = 0.02 / math.sqrt(2 * self.config.n_layer) if getattr(module, 'SCALE_INIT', False) else 0.02
+            torch.nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx, targets=None, cache=None):
+        """idx (B, T) -> logits (B, T, vocab), loss (or None). With a KVCache, idx holds only the new tokens."""
+        b, t = idx.size()
+        past = 0 if cache is None else len(cache)
+        if past + t > self.config.block_size:
+            raise ValueError(f"cannot forward {past + t} positions, block_size is only {self.config.block_size}")
+        x = self.transformer.wte(idx)  # token embeddings of shape (b, t, n_embd)
+        if self.transformer.wpe is not None:
+            x = x + self.transformer.wpe(torch.arange(past, past + t, device=idx.device))
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x, cache)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        # weight decay on matrices (Linear, Embedding, the per-head nets' c_fc/c_proj); not on biases, gains,
+        # step sizes dt or diff's lambda vectors
+        decay, no_decay = [], []
+        for n, p in self.named_parameters():
+            if p.requires_grad:
+                (decay if p.dim() >= 2 and not n.endswith('bias') else no_decay).append(p)
+        groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        """
+        Extend idx (B, T) by max_new_tokens sampled tokens. With use_cache each new token costs one position's
+        work: the evolved keys and the values are cached. temperature=0 picks the most likely token.
+        """
+        bs = self.config.block_size
+        cache = None
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits, _ = self(idx[:, -bs:])
+            elif cache is None or len(cache) >= bs:
+                # first step, or the window is full: (re)fill the cache from the last block_size tokens
+                cache = KVCache(self.config.n_layer)
+                logits, _ = self(idx[:, -bs:], cache=cache)
+            else:
+                logits, _ = self(idx[:, -1:], cache=cache)
+            logits = logits[:, -1, :]
+            if temperature == 0:
+                idx_next = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float('Inf')
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
