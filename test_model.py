@@ -334,3 +334,247 @@ def test_step_sizes_are_not_weight_decayed():
     no_decay = {id(p) for g in opt.param_groups if g['weight_decay'] == 0 for p in g['params']}
     for n, p in model.named_parameters():
         assert (id(p) in no_decay) == (n.endswith(('.dt', 'bias')) or p.dim() < 2), n
+
+
+# ===============================================================================================================
+# the main job: prepare_data.py and train.py, run the way a user runs them
+
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import prepare_data  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TIKTOKEN_CACHE = os.path.join(HERE, '..', 'shared', 'tiktoken_cache')
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+        "First Citizen:\nYou are all resolved rather to die than to famish? \u00e9\u00e8\u2014 caf\u00e9\n") * 40
+
+
+def run(script, *args, cwd=HERE, timeout=240):
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    if os.path.isdir(TIKTOKEN_CACHE):
+        env.setdefault('TIKTOKEN_CACHE_DIR', os.path.abspath(TIKTOKEN_CACHE))
+    return subprocess.run([sys.executable, script, *args] if script.endswith('.py') else [script, *args],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def read_bin(path):
+    return np.fromfile(path, dtype=np.uint16)
+
+
+@pytest.fixture(scope='module')
+def corpus(tmp_path_factory):
+    """A small real corpus (Python's own docs, offline), prepared with the bytes tokenizer."""
+    d = tmp_path_factory.mktemp('data')
+    prepare_data.prepare('pydocs', data_dir=str(d))
+    return str(d)
+
+
+def test_prepare_round_trip_bytes(tmp_path):
+    src = tmp_path / 'play.txt'
+    src.write_text(TEXT, encoding='utf-8')
+    meta = prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path / 'data'), tokenizer='bytes')
+    out = tmp_path / 'data' / 'play'
+    train, val = read_bin(out / 'train.bin'), read_bin(out / 'val.bin')
+    assert meta['tokens'] == {'train': len(train), 'val': len(val)} and meta['vocab_size'] == 257
+    assert train[-1] == 256 and val[-1] == 256 and 0.05 < len(val) / (len(train) + len(val)) < 0.15
+    decoded = bytes(train[:-1].astype(np.uint8)) + bytes(val[:-1].astype(np.uint8))
+    assert decoded.decode('utf-8') == TEXT
+    assert json.load(open(out / 'meta.json'))['tokenizer'] == 'bytes'
+
+
+def test_prepare_round_trip_gpt2_through_offline_cache(tmp_path, monkeypatch):
+    if not os.path.isdir(TIKTOKEN_CACHE):
+        pytest.skip('no ../shared/tiktoken_cache: the gpt2 tokenizer would need the network')
+    monkeypatch.setenv('TIKTOKEN_CACHE_DIR', os.path.abspath(TIKTOKEN_CACHE))
+    import tiktoken
+    docs = [{'text': f"Abstract {i}: coupled dynamics of queries and keys, trial {i}.\n" * (i + 1)} for i in range(30)]
+    src = tmp_path / 'abstracts.jsonl'
+    src.write_text('\n'.join(json.dumps(d) for d in docs) + '\n')
+    meta = prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path / 'data'), tokenizer='gpt2')
+    assert meta['vocab_size'] == 50257 and meta['eot_token'] == 50256
+    out = tmp_path / 'data' / 'abstracts'
+    enc = tiktoken.get_encoding('gpt2')
+    tokens = np.concatenate([read_bin(out / 'train.bin'), read_bin(out / 'val.bin')]).tolist()
+    assert tokens.count(50256) == len(docs)  # one end-of-text after every document
+    texts = enc.decode(tokens).split('<|endoftext|>')[:-1]
+    assert sorted(texts) == sorted(d['text'] for d in docs)
+
+
+def test_prepare_does_not_redo_finished_work(tmp_path):
+    src = tmp_path / 'play.txt'
+    src.write_text(TEXT)
+    prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path))
+    stamp = os.path.getmtime(tmp_path / 'play' / 'train.bin')
+    r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path}')
+    assert r.returncode == 0 and 'already prepared' in r.stdout
+    assert os.path.getmtime(tmp_path / 'play' / 'train.bin') == stamp
+
+
+def test_prepare_failure_leaves_no_partial_output(tmp_path, monkeypatch):
+    src = tmp_path / 'docs'
+    src.mkdir()
+    (src / 'a.jsonl').write_text('{"text": "one"}\n{"text": "two"}\n')
+    prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path / 'data'))
+    out = tmp_path / 'data' / 'docs'
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    # 1) corrupt input on a forced redo: one clear line, and the finished dataset is untouched
+    (src / 'b.jsonl').write_text('{"text": "three"}\nnot json\n')
+    r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}', '--force')
+    assert r.returncode != 0 and 'Traceback' not in r.stderr
+    assert r.stderr.strip().count('\n') == 0 and 'b.jsonl:2' in r.stderr
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+    # 2) interrupted while writing tokens: no temp files, no half-written .bin, old meta still valid
+    (src / 'b.jsonl').write_text('{"text": "three"}\n')
+    real = prepare_data.write_tokens
+    calls = []
+
+    def write_then_interrupt(path, docs, tok):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(path, docs, tok)
+    monkeypatch.setattr(prepare_data, 'write_tokens', write_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path / 'data'), force=True)
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+    # 3) a failure on a fresh name leaves no directory behind
+    r = run('prepare_data.py', f'--input={tmp_path / "missing.txt"}', f'--data_dir={tmp_path / "data"}')
+    assert r.returncode != 0 and not (tmp_path / 'data' / 'missing').exists()
+
+
+SMALL = ['--n_layer=2', '--batch_size=4', '--block_size=32', '--eval_iters=2', '--log_interval=1']
+
+
+def train(corpus, out_dir, *args, timeout=240):
+    return run('train.py', f'--data_dir={corpus}', f'--out_dir={out_dir}', *SMALL, *args, timeout=timeout)
+
+
+def metrics(out_dir):
+    return [json.loads(line) for line in open(os.path.join(out_dir, 'metrics.jsonl'))]
+
+
+def test_resume_continues_and_reproduces_the_uninterrupted_run(corpus, tmp_path):
+    common = ['--max_iters=12', '--lr_decay_iters=12', '--warmup_iters=2', '--eval_interval=6', '--attn=coupled',
+              '--dropout=0.1']
+    a, b = tmp_path / 'a', tmp_path / 'b'
+    assert train(corpus, a, *common).returncode == 0
+    assert train(corpus, b, *common, '--max_iters=6').returncode == 0  # "interrupted" after 6 iterations
+    r = train(corpus, b, *common, '--init_from=resume')
+    assert r.returncode == 0 and 'resuming' in r.stdout and 'at iteration 6' in r.stdout
+    trained = lambda d: {m['iter']: m['loss'] for m in metrics(d) if m['event'] == 'train'}
+    ta, tb = trained(a), trained(b)
+    assert sorted(tb) == list(range(1, 13))  # the count continued from 7, not from 1
+    assert all(tb[i] == pytest.approx(ta[i], abs=1e-6) for i in range(7, 13))
+    evals = lambda d: [m['val_loss'] for m in metrics(d) if m['event'] == 'eval' and m['iter'] == 12]
+    assert evals(b)[0] == pytest.approx(evals(a)[0], abs=1e-6)
+    ckpt = torch.load(b / 'ckpt.pt', weights_only=True)
+    assert ckpt['iter_num'] == 12 and not any(k.startswith('_orig_mod.') for k in ckpt['model'])
+
+
+def test_training_lowers_validation_loss_and_logs_progress(corpus, tmp_path):
+    r = train(corpus, tmp_path, '--max_iters=40', '--eval_interval=20', '--attn=coupled', '--learning_rate=3e-3')
+    assert r.returncode == 0
+    line = [x for x in r.stdout.splitlines() if x.startswith('iter 40/40')][0]
+    assert all(w in line for w in ('loss', 'lr', 'ms/iter', 'tok/s', 'eta'))
+    vals = [m['val_loss'] for m in metrics(tmp_path) if m['event'] == 'eval']
+    assert len(vals) == 3 and vals[-1] < vals[0] - 1.0
+
+
+@pytest.mark.parametrize('args, words', [
+    (['--attn=hamiltonian'], 'not one of'),
+    (['--flux=3'], 'unknown flag --flux'),
+    (['--batch_size=four'], 'expects an integer'),
+    (['--dropout=zero'], 'expects a number'),
+    (['--compile=maybe'], 'True or False'),
+    (['--max_iters', '5'], '--key=value'),
+    (['--preset=', '--n_head=3'], 'not divisible'),
+    (['--attn=diff', '--preset=', '--n_head=1', '--n_embd=64'], 'even'),
+    (['--qk_steps=9'], '1..7'),
+    (['--block_size=10000000'], 'lower --block_size'),
+    (['--dataset=nowhere'], 'prepare_data.py'),
+    (['--init_from=resume'], 'no checkpoint'),
+    (['--device=cuda'], 'CUDA is not available'),
+])
+def test_bad_flags_give_one_clear_line(corpus, tmp_path, args, words):
+    if '--device=cuda' in args and torch.cuda.is_available():
+        pytest.skip('CUDA is available here')
+    r = train(corpus, tmp_path, *args)
+    assert r.returncode != 0 and 'Traceback' not in r.stderr
+    err = r.stderr.strip()
+    assert err.startswith('error:') and '\n' not in err and words in err
+
+
+def test_dropout_zero_is_a_valid_float(corpus, tmp_path):
+    r = train(corpus, tmp_path, '--dropout=0', '--max_iters=1')
+    assert r.returncode == 0
+
+
+def test_bad_data_and_checkpoints_are_refused_clearly(corpus, tmp_path):
+    # a truncated token file
+    bad = tmp_path / 'data'
+    os.makedirs(bad / 'pydocs')
+    for f in ('meta.json', 'train.bin', 'val.bin'):
+        (bad / 'pydocs' / f).write_bytes(open(os.path.join(corpus, 'pydocs', f), 'rb').read())
+    with open(bad / 'pydocs' / 'train.bin', 'r+b') as f:
+        f.truncate(1001)
+    r = run('train.py', f'--data_dir={bad}', f'--out_dir={tmp_path}', '--max_iters=1')
+    assert r.returncode != 0 and 'corrupt' in r.stderr and '\n' not in r.stderr.strip()
+    # a checkpoint of another architecture
+    out = tmp_path / 'out'
+    assert train(corpus, out, '--max_iters=2', '--eval_interval=1', '--attn=coupled').returncode == 0
+    r = train(corpus, out, '--init_from=resume', '--attn=diff')
+    assert r.returncode != 0 and "attn='coupled' there but 'diff' here" in r.stderr
+    # a corrupt checkpoint
+    (out / 'ckpt.pt').write_bytes(b'not a checkpoint')
+    r = train(corpus, out, '--init_from=resume')
+    assert r.returncode != 0 and 'corrupt' in r.stderr and 'Traceback' not in r.stderr
+
+
+def test_non_finite_loss_stops_the_run(corpus, tmp_path):
+    r = train(corpus, tmp_path, '--max_iters=30', '--learning_rate=1e6', '--warmup_iters=0', '--grad_clip=0')
+    assert r.returncode == 3
+    assert 'at iteration' in r.stderr and ('nan' in r.stderr or 'inf' in r.stderr)
+
+
+def test_time_budget_stops_the_run(corpus, tmp_path):
+    r = train(corpus, tmp_path, '--max_iters=100000', '--time_budget=2', '--eval_interval=100000')
+    assert r.returncode == 0
+    last = metrics(tmp_path)[-1]
+    assert last['event'] == 'eval' and 2 <= last['time'] < 10 and last['iter'] < 100000
+
+
+def test_test_split_is_evaluated_at_the_end(corpus, tmp_path):
+    d = tmp_path / 'data' / 'pydocs'
+    os.makedirs(d)
+    meta = json.load(open(os.path.join(corpus, 'pydocs', 'meta.json')))
+    for f in ('train.bin', 'val.bin'):
+        (d / f).write_bytes(open(os.path.join(corpus, 'pydocs', f), 'rb').read())
+    (d / 'test.bin').write_bytes(open(os.path.join(corpus, 'pydocs', 'val.bin'), 'rb').read())
+    meta['tokens']['test'] = meta['tokens']['val']
+    (d / 'meta.json').write_text(json.dumps(meta))
+    r = run('train.py', f'--data_dir={tmp_path / "data"}', f'--out_dir={tmp_path}', *SMALL, '--max_iters=2')
+    assert r.returncode == 0 and 'test ppl' in r.stdout
+    assert metrics(tmp_path)[-1]['event'] == 'test'
+
+
+def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(corpus, tmp_path):
+    torchrun = os.path.join(os.path.dirname(sys.executable), 'torchrun')
+    r = run(torchrun, '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu', f'--data_dir={corpus}',
+            f'--out_dir={tmp_path}', *SMALL, '--max_iters=6', '--eval_interval=3', '--attn=coupled')
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert 'ddp check: 2 ranks, identical weights: True, distinct batches: True' in r.stdout
+    assert '2 process(es)' in r.stdout
+
+
+def test_compile_works_on_cpu(corpus, tmp_path):
+    r = train(corpus, tmp_path, '--compile=True', '--max_iters=3', '--eval_interval=3', '--n_layer=1',
+              '--attn=coupled', timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert 'compiling' in r.stdout and 'torch.compile failed' not in r.stdout
+    ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
+    assert not any(k.startswith('_orig_mod.') for k in ckpt['model'])

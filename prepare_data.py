@@ -1,0 +1,310 @@
+"""
+Turn a corpus into token files for train.py: data/<name>/{train,val[,test]}.bin (uint16) and meta.json.
+
+  python prepare_data.py                          # pydocs: offline, Python's own docs, byte tokens
+  python prepare_data.py shakespeare              # Tiny Shakespeare (download, 1 MB)
+  python prepare_data.py wikitext103              # the paper's corpus (download, 190 MB zip), GPT-2 tokens
+  python prepare_data.py --input=PATH --name=NAME # a local .txt/.jsonl file, or a folder of them
+
+Documents are separated by an end-of-text token: <|endoftext|> (50256) for gpt2, 256 for bytes.
+Outputs appear atomically (temp file, then rename), meta.json last; finished work is not redone without --force.
+"""
+import argparse
+import ast
+import hashlib
+import json
+import os
+import random
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+import zipfile
+
+import numpy as np
+
+# name -> where it comes from, its splits, and its default tokenizer (the paper's corpora default to gpt2)
+CORPORA = {
+    'pydocs': dict(tokenizer='bytes', about="CPython's bundled reference docs (pydoc_data) + stdlib docstrings; offline"),
+    'shakespeare': dict(tokenizer='bytes', about='Tiny Shakespeare (karpathy/char-rnn), 1.1 MB',
+                        url='https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt',
+                        sha256='86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed'),
+    'wikitext2': dict(tokenizer='gpt2', about='WikiText-2 raw (Merity et al.), train/valid/test',
+                      url='https://wikitext.smerity.com/wikitext-2-raw-v1.zip', prefix='wikitext-2-raw/'),
+    'wikitext103': dict(tokenizer='gpt2', about='WikiText-103 raw, the paper\'s corpus, train/valid/test',
+                        url='https://wikitext.smerity.com/wikitext-103-raw-v1.zip', prefix='wikitext-103-raw/'),
+}
+OFFLINE_HINT = ("offline alternatives: `python prepare_data.py pydocs` (built in), or a local copy with "
+                "--input=PATH --name=NAME")
+
+
+class DataError(Exception):
+    """Bad input or a failed download: reported as one line."""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# tokenizers: text -> uint16 token arrays, each document followed by end-of-text
+
+def get_tokenizer(name):
+    if name == 'bytes':  # 256 byte values + end-of-text
+        return dict(name='bytes', vocab_size=257, eot=256,
+                    encode=lambda texts: [np.frombuffer(t.encode('utf-8'), dtype=np.uint8).astype(np.uint16)
+                                          for t in texts])
+    import tiktoken
+    try:
+        enc = tiktoken.get_encoding('gpt2')
+    except Exception as e:  # tiktoken downloads its BPE files on first use
+        raise DataError(f"tiktoken could not load the GPT-2 BPE files ({type(e).__name__}); offline, export "
+                        "TIKTOKEN_CACHE_DIR=<dir with the cached files> or use --tokenizer=bytes")
+    return dict(name='gpt2', vocab_size=enc.n_vocab, eot=enc.eot_token,
+                encode=lambda texts: [np.array(t, dtype=np.uint16) for t in enc.encode_ordinary_batch(texts)])
+
+
+def chunks(text, size=1 << 20):
+    """Split a long document at line ends into ~1 MB pieces, so tokenization streams and runs in threads."""
+    start = 0
+    while start < len(text):
+        end = text.find('\n', start + size)
+        end = len(text) if end == -1 else end + 1
+        yield text[start:end]
+        start = end
+
+
+def write_tokens(path, docs, tok):
+    """Tokenize docs into a temp file next to path; return (temp path, token count). The caller renames."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    n = 0
+    with open(tmp, 'wb') as f:
+        for doc in docs:
+            pieces = list(chunks(doc))
+            for i in range(0, len(pieces), 16):
+                for arr in tok['encode'](pieces[i:i + 16]):
+                    f.write(arr.tobytes())
+                    n += len(arr)
+            f.write(np.array([tok['eot']], dtype=np.uint16).tobytes())
+            n += 1
+    return tmp, n
+
+
+# ------------------------------------------------------------------------------------------------------------
+# sources: each returns {split: [documents]}
+
+def download(url, dest, sha256=None, attempts=3):
+    """Fetch url to dest atomically, with progress, retries, a User-Agent, and a size/checksum check."""
+    if os.path.exists(dest):
+        return dest
+    tmp = f"{dest}.tmp{os.getpid()}"
+    req = urllib.request.Request(url, headers={'User-Agent': 'coupled-qk-prepare-data/1.0 (python urllib)'})
+    for attempt in range(1, attempts + 1):
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r, open(tmp, 'wb') as f:
+                total, got, t0 = int(r.headers.get('Content-Length') or 0), 0, time.time()
+                while block := r.read(1 << 20):
+                    f.write(block)
+                    got += len(block)
+                    rate = got / max(time.time() - t0, 1e-9) / 1e6
+                    print(f"\rdownloading {url}: {got / 1e6:.1f}" + (f"/{total / 1e6:.1f}" if total else '')
+                          + f" MB, {rate:.1f} MB/s", end='', flush=True)
+            print()
+            if total and got != total:
+                raise DataError(f"download of {url} stopped at {got} of {total} bytes")
+            if sha256 and hashlib.sha256(open(tmp, 'rb').read()).hexdigest() != sha256:
+                raise DataError(f"{url} does not have the expected sha256; the file changed upstream")
+            os.replace(tmp, dest)
+            return dest
+        except (urllib.error.URLError, OSError, DataError) as e:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            reason = getattr(e, 'reason', e)
+            if attempt == attempts:
+                raise DataError(f"cannot download {url} ({reason}); {OFFLINE_HINT}")
+            print(f"\ndownload failed ({reason}); retry {attempt}/{attempts - 1} in {2 ** attempt} s")
+            time.sleep(2 ** attempt)
+
+
+def pydocs():
+    """Python's reference documentation (pydoc_data.topics) and the docstrings of its standard library."""
+    docs = []
+    try:
+        from pydoc_data.topics import topics
+        docs += [topics[k] for k in sorted(topics)]
+    except ImportError:
+        print("note: this Python has no pydoc_data; using docstrings only")
+    root = sysconfig.get_paths()['stdlib']
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ('site-packages', 'dist-packages', 'test', 'tests',
+                                                                 'idle_test', '__pycache__'))
+        for fn in sorted(f for f in filenames if f.endswith('.py')):
+            try:  # parse, never import: no side effects
+                tree = ast.parse(open(os.path.join(dirpath, fn), encoding='utf-8').read())
+            except (SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            parts = [ast.get_docstring(n) for n in ast.walk(tree)
+                     if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+            text = '\n\n'.join(p for p in parts if p)
+            if text:
+                docs.append(text)  # one document per module
+    if sum(map(len, docs)) < 100_000:
+        raise DataError(f"found only {sum(map(len, docs))} characters of docs in {root}; use --input=PATH")
+    return {'all': docs}
+
+
+def read_local(path):
+    """A .txt file (one document), a .jsonl file (one document per line, field 'text'), or a folder of them."""
+    if not os.path.exists(path):
+        raise DataError(f"--input={path} does not exist; give a .txt/.jsonl file or a folder of them")
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(('.txt', '.jsonl')))
+    if not files:
+        raise DataError(f"--input={path} holds no .txt or .jsonl files")
+    docs = []
+    for fn in files:
+        try:
+            with open(fn, encoding='utf-8') as f:
+                if not fn.endswith('.jsonl'):
+                    docs.append(f.read())
+                    continue
+                for i, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        text = json.loads(line)['text']
+                        assert isinstance(text, str)
+                    except (json.JSONDecodeError, KeyError, TypeError, AssertionError):
+                        raise DataError(f"{fn}:{i} is not a JSON object with a string field 'text'")
+                    docs.append(text)
+        except UnicodeDecodeError as e:
+            raise DataError(f"{fn} is not UTF-8 text ({e.reason} at byte {e.start})")
+    if not any(d.strip() for d in docs):
+        raise DataError(f"--input={path} holds no text")
+    return {'all': docs}
+
+
+def wikitext(name, dl_dir):
+    c = CORPORA[name]
+    zpath = download(c['url'], os.path.join(dl_dir, os.path.basename(c['url'])))
+    try:
+        with zipfile.ZipFile(zpath) as z:
+            if z.testzip() is not None:  # CRC check of every member
+                raise zipfile.BadZipFile('CRC mismatch')
+            read = lambda s: z.read(c['prefix'] + f'wiki.{s}.raw').decode('utf-8')
+            return {'train': [read('train')], 'val': [read('valid')], 'test': [read('test')]}
+    except (zipfile.BadZipFile, KeyError) as e:
+        os.remove(zpath)
+        raise DataError(f"{zpath} is not the expected WikiText archive ({e}); deleted it, run again to re-download")
+
+
+def split_train_val(docs, val_fraction, seed=1337):
+    """Shuffle documents (fixed seed) and hold out the last val_fraction of the text; one document is split at a
+    line end, like nanoGPT's 90/10 split of Shakespeare."""
+    if not 0 < val_fraction < 1:
+        raise DataError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
+    if len(docs) == 1:
+        text = docs[0]
+        cut = text.rfind('\n', 0, int(len(text) * (1 - val_fraction))) + 1 or int(len(text) * (1 - val_fraction))
+        return {'train': [text[:cut]], 'val': [text[cut:]]}
+    docs = docs[:]
+    random.Random(seed).shuffle(docs)
+    total, acc, i = sum(map(len, docs)), 0, len(docs)
+    while i > 1 and acc < val_fraction * total:
+        i -= 1
+        acc += len(docs[i])
+    return {'train': docs[:i], 'val': docs[i:]}
+
+
+# ------------------------------------------------------------------------------------------------------------
+
+def write_dataset(out, corpus, input, name, source, tok, val_fraction):
+    """Read the source, split it, tokenize every split into temp files, then rename them and write meta.json."""
+    meta_path = os.path.join(out, 'meta.json')
+    if input:
+        splits = read_local(input)
+    elif corpus == 'pydocs':
+        splits = pydocs()
+    elif corpus == 'shakespeare':
+        path = download(CORPORA[corpus]['url'], os.path.join(out, 'input.txt'), CORPORA[corpus]['sha256'])
+        splits = {'all': [open(path, encoding='utf-8').read()]}
+    else:
+        splits = wikitext(corpus, out)
+    if 'all' in splits:
+        splits = split_train_val(splits['all'], val_fraction)
+    tmps, counts = {}, {}
+    try:
+        for split, docs in splits.items():
+            tmps[split], counts[split] = write_tokens(os.path.join(out, f'{split}.bin'), docs, tok)
+            print(f"{split}: {len(docs):,} documents, {counts[split]:,} tokens")
+        if os.path.exists(meta_path):
+            os.remove(meta_path)  # the old meta must not vouch for new .bin files
+        for split, tmp in tmps.items():
+            os.replace(tmp, os.path.join(out, f'{split}.bin'))
+        for stale in {'train', 'val', 'test'} - set(tmps):
+            if os.path.exists(os.path.join(out, f'{stale}.bin')):
+                os.remove(os.path.join(out, f'{stale}.bin'))
+        meta = dict(corpus=corpus if not input else 'local', name=name, source=source, tokenizer=tok['name'],
+                    vocab_size=tok['vocab_size'], eot_token=tok['eot'], dtype='uint16', tokens=counts,
+                    val_fraction=val_fraction if 'test' not in counts else None,
+                    separator=f"end-of-text token {tok['eot']} after every document")
+        with open(meta_path + '.tmp', 'w') as f:
+            json.dump(meta, f, indent=1)
+        os.replace(meta_path + '.tmp', meta_path)
+    finally:
+        for tmp in tmps.values():
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    return meta
+
+
+def prepare(corpus, input=None, name=None, tokenizer=None, val_fraction=0.1, data_dir='data', force=False):
+    if input is None and corpus not in CORPORA:
+        raise DataError(f"unknown corpus {corpus!r}; choose one of {', '.join(CORPORA)}, or --input=PATH")
+    name = name or (os.path.splitext(os.path.basename(os.path.normpath(input)))[0] if input else corpus)
+    tokenizer = tokenizer or (CORPORA[corpus]['tokenizer'] if input is None else 'bytes')
+    if tokenizer not in ('gpt2', 'bytes'):
+        raise DataError(f"--tokenizer={tokenizer} is unknown; choose gpt2 or bytes")
+    out = os.path.join(data_dir, name)
+    source = os.path.abspath(input) if input else CORPORA[corpus].get('url', CORPORA[corpus]['about'])
+    meta_path = os.path.join(out, 'meta.json')
+    if os.path.exists(meta_path) and not force:
+        meta = json.load(open(meta_path))
+        sizes_ok = all(os.path.exists(os.path.join(out, f'{s}.bin')) and
+                       os.path.getsize(os.path.join(out, f'{s}.bin')) == 2 * n for s, n in meta['tokens'].items())
+        if meta.get('tokenizer') == tokenizer and meta.get('source') == source and sizes_ok:
+            print(f"{out} is already prepared ({meta['tokens']} tokens); --force redoes it")
+            return meta
+        print(f"{out} holds another preparation ({meta.get('tokenizer')}, {meta.get('source')}); redoing it")
+    tok = get_tokenizer(tokenizer)
+    print(f"preparing {name} from {source} with the {tokenizer} tokenizer")
+    fresh = not os.path.isdir(out)
+    os.makedirs(out, exist_ok=True)
+    try:
+        meta = write_dataset(out, corpus, input, name, source, tok, val_fraction)
+    except BaseException:
+        if fresh and not os.listdir(out):
+            os.rmdir(out)  # leave nothing behind
+        raise
+    print(f"wrote {out}/: " + ', '.join(f"{s}.bin" for s in meta['tokens']) + ", meta.json")
+    return meta
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not a usage dump
+        sys.exit(f"error: {message}; see python prepare_data.py --help")
+
+
+if __name__ == '__main__':
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('corpus', nargs='?', default='pydocs', help=f"one of {', '.join(CORPORA)} (default pydocs)")
+    p.add_argument('--input', help='a local .txt/.jsonl file or folder, instead of a named corpus')
+    p.add_argument('--name', help='dataset name, data/<name>/ (default: the corpus or input file name)')
+    p.add_argument('--tokenizer', choices=['gpt2', 'bytes'], help='default: gpt2 for wikitext, bytes otherwise')
+    p.add_argument('--val_fraction', type=float, default=0.1, help='held out when a corpus has no val split')
+    p.add_argument('--data_dir', default='data')
+    p.add_argument('--force', action='store_true', help='redo a finished preparation')
+    args = p.parse_args()
+    try:
+        prepare(args.corpus, args.input, args.name, args.tokenizer, args.val_fraction, args.data_dir, args.force)
+    except DataError as e:
+        sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit("interrupted: no partial output was kept; run the same command again")
