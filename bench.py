@@ -1,0 +1,242 @@
+"""
+Time attention variants against standard attention: a training step, a forward pass, and generation with the
+KV cache vs recomputing the context. Variants run interleaved (A B A B ...) after a warm-up; medians reported.
+
+  python bench.py                                              # standard vs coupled, small preset, CPU-friendly
+  python bench.py --preset=60m --batch_size=4 --block_size=256 --attn=standard,coupled,euler,uncoupled
+  python bench.py --preset=60m --device=cuda --compile=True --dtype=bfloat16 --batch_size=16 --block_size=1024
+  python bench.py --report=runs/shakespeare --plot=curves.png  # table (and learning curves) of train.py runs
+"""
+import argparse
+import glob
+import json
+import os
+import math
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+
+from model import ATTN, PRESETS, GPT, GPTConfig
+
+MODES = ('train', 'forward', 'generate')
+
+
+def report(root, plot):
+    """Final validation perplexity of the train.py runs under root/<label>-s<seed>/metrics.jsonl: mean, spread
+    over seeds, change vs standard; optionally learning curves (matplotlib, optional)."""
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(root, '*', 'metrics.jsonl'))):
+        label, _, seed = os.path.basename(os.path.dirname(path)).rpartition('-s')
+        evals = [json.loads(line) for line in open(path) if '"eval"' in line]
+        evals = [e for e in evals if e['event'] == 'eval']
+        if evals:
+            runs.setdefault(label, []).append(evals)
+    if not runs:
+        sys.exit(f"error: no runs with metrics.jsonl under {root}/*/; train with --out_dir={root}/<label>-s<seed>")
+    ppl = {k: [math.exp(r[-1]['val_loss']) for r in v] for k, v in runs.items()}
+    base = statistics.mean(ppl['standard']) if 'standard' in ppl else None
+    print(f"| {root} | seeds | val ppl (mean +- std) | vs standard | tokens | train time |\n|---|---|---|---|---|---|")
+    for k in sorted(ppl, key=lambda k: (k != 'standard', statistics.mean(ppl[k]))):
+        m, sd = statistics.mean(ppl[k]), statistics.stdev(ppl[k]) if len(ppl[k]) > 1 else float('nan')
+        rel = f"{100 * (m / base - 1):+.1f}%" if base else '-'
+        last = runs[k][0][-1]
+        spread = f"{m:.3f} +- {sd:.3f}" if len(ppl[k]) > 1 else f"{m:.3f}"
+        print(f"| {k} | {len(ppl[k])} | {spread} | {rel} | {last['tokens']:,} | {last['time']:.0f} s |")
+    if plot:
+        try:
+            import matplotlib
+            matplotlib.use('Agg')
+            import matplotlib.pyplot as plt
+        except ImportError:
+            sys.exit("error: --plot needs matplotlib (pip install matplotlib); the table above needs nothing")
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for k, color in (('standard', 'tab:blue'), ('coupled', 'tab:red')):
+            for i, r in enumerate(runs.get(k, [])):
+                ax.plot([e['iter'] for e in r], [math.exp(e['val_loss']) for e in r], color=color, alpha=0.7,
+                        label=k if i == 0 else None)
+        ax.set(xlabel='iteration', ylabel='validation perplexity', yscale='log', title=root)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(plot, dpi=110)
+        print(f"wrote {plot}")
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not a usage dump
+        sys.exit(f"error: {message}; see python bench.py --help")
+
+
+p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument('--preset', default='small', choices=list(PRESETS))
+p.add_argument('--attn', default='standard,coupled', help=f"comma-separated, from: {', '.join(ATTN)}")
+p.add_argument('--mode', default='train,forward,generate', help='comma-separated, from: ' + ', '.join(MODES))
+p.add_argument('--batch_size', type=int, default=4)
+p.add_argument('--block_size', type=int, default=256)
+p.add_argument('--vocab_size', type=int, default=50257, help='GPT-2 by default, as in the paper')
+p.add_argument('--qk_steps', type=int, default=1)
+p.add_argument('--new_tokens', type=int, default=256, help='tokens generated in --mode=generate')
+p.add_argument('--iters', type=int, default=6, help='timed rounds per (variant, mode); generation: fewer')
+p.add_argument('--warmup', type=int, default=2)
+p.add_argument('--device', default='auto')
+p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16', 'float16'])
+p.add_argument('--compile', default='False', choices=['True', 'False'])
+p.add_argument('--json_out', default='', help='write one JSON record per (variant, mode) to this file')
+p.add_argument('--report', default='', help='instead of timing: tabulate the train.py runs under this folder')
+p.add_argument('--plot', default='', help='with --report: write learning curves of standard vs coupled here')
+args = p.parse_args()
+if args.report:
+    report(args.report, args.plot)
+    sys.exit(0)
+variants, modes = args.attn.split(','), args.mode.split(',')
+for v in variants:
+    if v not in ATTN:
+        p.error(f"--attn: {v!r} is not one of {', '.join(ATTN)}")
+for m in modes:
+    if m not in MODES:
+        p.error(f"--mode: {m!r} is not one of {', '.join(MODES)}")
+if 'standard' not in variants:
+    variants.insert(0, 'standard')  # every ratio is against standard
+device = args.device if args.device != 'auto' else 'cuda' if torch.cuda.is_available() else 'cpu'
+if device.startswith('cuda') and not torch.cuda.is_available():
+    p.error(f"--device={device} but CUDA is not available here; use --device=cpu")
+cuda = device.startswith('cuda')
+dtype = getattr(torch, args.dtype)
+autocast = torch.autocast('cuda', dtype=dtype) if cuda and dtype != torch.float32 else nullcontext()
+B, T = args.batch_size, args.block_size
+gen_block = max(T, args.new_tokens + 1)  # generation never refills the cache window
+torch.backends.cuda.matmul.allow_tf32 = True
+
+
+def sync():
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def make(attn):
+    torch.manual_seed(0)
+    try:
+        cfg = GPTConfig(attn=attn, block_size=gen_block, vocab_size=args.vocab_size, qk_steps=args.qk_steps,
+                        **PRESETS[args.preset])
+    except ValueError as e:
+        p.error(str(e))
+    model = GPT(cfg, verbose=False)
+    if attn != 'standard':  # same weights as standard wherever the architectures agree: CPU speed depends on
+        model.load_state_dict(models['standard'][0].state_dict(), strict=False)  # values (up to +-5%)
+    model = model.to(device)
+    opt = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if cuda else 'cpu')
+    fwd = torch.compile(model) if args.compile == 'True' else model
+    return model, fwd, opt
+
+
+# -----------------------------------------------------------------------------------------------------------
+# FLOP model: what a perfect implementation would pay, per token of a training step (forward + backward = 3x fwd)
+
+def flops_per_token(cfg, T):
+    C, L, nh, hs, m, n = cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.qk_hidden, cfg.qk_steps
+    h = max(1, m // 4)
+    matmul = 2 * (L * 12 * C * C + C * cfg.vocab_size)              # c_attn, c_proj, c_fc, mlp.c_proj; lm_head
+    attend = L * 2 * T * C * (3 if cfg.attn.startswith('diff') else 2) / 2  # q k^T and (attention) v, causal half
+    force = 4 * m * hs + 10 * m                                    # W q, W^T (.), silu' elementwise
+    qk = {'coupled': (n + 1) * force + n * 6 * hs, 'euler': n * (force + 4 * hs),
+          'uncoupled': n * 2 * (4 * h * hs + 5 * h + 2 * hs), 'invertible': n * 2 * (6 * h * hs + 5 * h + 8 * hs),
+          }.get(cfg.attn.removeprefix('diff').removeprefix('+'), 0) * L * nh
+    return 3 * (matmul + attend + qk)
+
+
+# -----------------------------------------------------------------------------------------------------------
+
+def step_train(model, fwd, opt, x):
+    with autocast:
+        loss = fwd(x, x)[1]
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+@torch.no_grad()
+def step_forward(model, fwd, opt, x):
+    with autocast:
+        fwd(x)
+
+
+@torch.no_grad()
+def step_generate(model, fwd, opt, x, use_cache):
+    with autocast:
+        model.generate(x[:1, :1], args.new_tokens, temperature=0, use_cache=use_cache)
+
+
+jobs = []  # (mode label, step function, tokens per call)
+if 'train' in modes:
+    jobs.append(('train', step_train, B * T))
+if 'forward' in modes:
+    jobs.append(('forward', step_forward, B * T))
+if 'generate' in modes:
+    jobs.append(('generate', lambda *a: step_generate(*a, True), args.new_tokens))
+    jobs.append(('generate-nocache', lambda *a: step_generate(*a, False), args.new_tokens))
+
+models = {}
+for v in variants:  # standard first
+    models[v] = make(v)
+x = torch.randint(0, args.vocab_size, (B, T), device=device)
+cfg0 = models['standard'][0].config
+print(f"bench: preset {args.preset} ({cfg0.n_layer}x{cfg0.n_embd}, {cfg0.n_head} heads), batch {B}x{T}, vocab "
+      f"{args.vocab_size}, {device} ({torch.get_num_threads()} threads), {args.dtype}, compile={args.compile}")
+results = {}
+for mode, fn, ntok in jobs:
+    # generation is slow to time: 1/3 of the rounds; recomputation (O(n^2) work) once, warmed up by the cached run
+    iters = {'generate': max(1, args.iters // 3), 'generate-nocache': 1}.get(mode, args.iters)
+    for v in variants:  # warm-up (and compilation)
+        for _ in range({'generate': 1, 'generate-nocache': 0}.get(mode, args.warmup)):
+            fn(*models[v], x)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times = {v: [] for v in variants}
+    peak = {}
+    for _ in range(iters):  # interleaved: A B A B ...
+        for v in variants:
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            sync()
+            t0 = time.perf_counter()
+            fn(*models[v], x)
+            sync()
+            times[v].append(time.perf_counter() - t0)
+            if cuda:
+                peak[v] = max(peak.get(v, 0), torch.cuda.max_memory_allocated() / 2**20)
+    for v in variants:
+        ms = 1000 * statistics.median(times[v])
+        results[(v, mode)] = dict(attn=v, mode=mode, ms_per_iter=ms, tokens_per_s=ntok / ms * 1000,
+                                  peak_mem_mb=peak.get(v), iters=iters)
+    print(f"  {mode}: done")
+
+base_flops = flops_per_token(cfg0, T)
+records = []
+print(f"\n{'attn':<16}{'mode':<18}{'ms/iter':>10}{'tokens/s':>12}{'peak MB':>9}{'vs standard':>13}{'FLOP model':>12}")
+for (v, mode), r in results.items():
+    r['ratio_vs_standard'] = r['ms_per_iter'] / results[('standard', mode)]['ms_per_iter']
+    r['flop_model_ratio'] = flops_per_token(models[v][0].config, T) / base_flops if mode == 'train' else None
+    if mode == 'generate-nocache':
+        r['cache_speedup'] = r['ms_per_iter'] / results[(v, 'generate')]['ms_per_iter']
+    records.append(r)
+    peak = f"{r['peak_mem_mb']:.0f}" if r['peak_mem_mb'] else '-'
+    flop = f"{r['flop_model_ratio']:.4f}" if r['flop_model_ratio'] else ''
+    print(f"{v:<16}{mode:<18}{r['ms_per_iter']:>10.1f}{r['tokens_per_s']:>12,.0f}{peak:>9}"
+          f"{r['ratio_vs_standard']:>13.3f}{flop:>12}")
+for r in records:
+    if 'cache_speedup' in r:
+        print(f"{r['attn']}: KV cache generates {args.new_tokens} tokens {r['cache_speedup']:.1f}x faster "
+              f"than recomputing the context")
+extra = {v: 100 * (models[v][0] and flops_per_token(models[v][0].config, T) / base_flops - 1) for v in variants}
+print("FLOP model: the q/k dynamics add " + ', '.join(f"{v} {e:+.2f}%" for v, e in extra.items() if v != 'standard')
+      + " to a training step (matmuls, attention, and the dynamics' elementwise work; a perfect implementation's "
+        "ratio)")
+if args.json_out:
+    with open(args.json_out, 'w') as f:
+        for r in records:
+            f.write(json.dumps(r | dict(preset=args.preset, batch_size=B, block_size=T, device=device,
+                                        dtype=args.dtype, compile=args.compile == 'True',
+                                        threads=torch.get_num_threads())) + '\n')
+    print(f"wrote {args.json_out}")
