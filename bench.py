@@ -30,10 +30,11 @@ def report(root, plot):
     runs = {}
     for path in sorted(glob.glob(os.path.join(root, '*', 'metrics.jsonl'))):
         label, _, seed = os.path.basename(os.path.dirname(path)).rpartition('-s')
-        evals = [json.loads(line) for line in open(path) if '"eval"' in line]
-        evals = [e for e in evals if e['event'] == 'eval']
-        if evals:
-            runs.setdefault(label, []).append(evals)
+        log = [json.loads(line) for line in open(path)]
+        evals = [e for e in log if e['event'] == 'eval']
+        config = log[0].get('config', {}) if log else {}
+        if evals and (evals[-1]['iter'] >= config.get('max_iters', 0) or config.get('time_budget', 0) > 0):
+            runs.setdefault(label, []).append(evals)  # finished runs only
     if not runs:
         sys.exit(f"error: no runs with metrics.jsonl under {root}/*/; train with --out_dir={root}/<label>-s<seed>")
     ppl = {k: [math.exp(r[-1]['val_loss']) for r in v] for k, v in runs.items()}

@@ -96,8 +96,8 @@ class HeadMLP(nn.Module):
     def hidden(self, x):  # z = W x + b: (B, nh, T, d_in) @ (nh, d_in, m) -> (B, nh, T, m)
         return torch.matmul(x, self.c_fc.transpose(1, 2)) + self.bias
 
-    def forward(self, x):
-        return torch.matmul(F.silu(self.hidden(x)), self.c_proj.transpose(1, 2))
+    def forward(self, x, scale=1.0):  # scale (e.g. a step size, (nh, 1, 1)) folded into the small c_proj: cheap
+        return torch.matmul(F.silu(self.hidden(x)), (scale * self.c_proj).transpose(1, 2))
 
 
 class Hamiltonian(nn.Module):
@@ -118,24 +118,25 @@ class Hamiltonian(nn.Module):
     def energy(self, q, k):  # H(q, k) = 1/2 |k|^2 + V(q): (B, nh, T)
         return 0.5 * k.pow(2).sum(-1) + self.potential(q)
 
-    def force(self, q):
-        # F(q) = -grad V(q) = -W^T (a * silu'(W q + b)), silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
+    def force(self, q, scale=1.0):
+        # scale * F(q), F(q) = -grad V(q) = -W^T (a * silu'(W q + b)), silu'(z) = s (1 + z (1 - s)), s = sigmoid(z).
+        # The scale (e.g. dt/2, shape (nh, 1, 1)) multiplies the m-wide hidden, not the hs-wide result: cheaper.
         z = self.V.hidden(q)                                       # (B, nh, T, m)
         s = torch.sigmoid(z)
-        return torch.matmul(s * (1 + z * (1 - s)) * -self.V.c_proj, self.V.c_fc)  # (B, nh, T, hs)
+        return torch.matmul(s * (1 + z * (1 - s)) * (-scale * self.V.c_proj), self.V.c_fc)  # (B, nh, T, hs)
 
     def forward(self, q, k, dt=None):
         dt = (self.dt if dt is None else dt).view(-1, 1, 1)       # (nh, 1, 1)
         if self.integrator == 'euler':
             for _ in range(self.steps):
-                q, k = q + dt * k, k + dt * self.force(q)         # q, k = q + dt k, k + dt F(q)
+                q, k = torch.addcmul(q, dt, k), k + self.force(q, dt)  # q, k = q + dt k, k + dt F(q)
             return q, k
-        f = self.force(q)
+        kick = self.force(q, 0.5 * dt)
         for _ in range(self.steps):  # kick-drift-kick; the force at the end of a step starts the next one
-            k = k + 0.5 * dt * f                                  # k += dt/2 F(q)
-            q = q + dt * k                                        # q += dt k
-            f = self.force(q)
-            k = k + 0.5 * dt * f                                  # k += dt/2 F(q)
+            k = k + kick                                          # k += dt/2 F(q)
+            q = torch.addcmul(q, dt, k)                           # q += dt k
+            kick = self.force(q, 0.5 * dt)
+            k = k + kick                                          # k += dt/2 F(q)
         return q, k
 
     def inverse(self, q, k):
@@ -157,7 +158,7 @@ class Uncoupled(nn.Module):
     def forward(self, q, k):
         dt = self.dt.view(-1, 1, 1)
         for _ in range(self.steps):
-            q, k = q + dt * self.g_q(q), k + dt * self.g_k(k)     # q += g_q(q); k += g_k(k)
+            q, k = q + self.g_q(q, dt), k + self.g_k(k, dt)       # q += dt g_q(q); k += dt g_k(k)
         return q, k
 
 

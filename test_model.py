@@ -358,8 +358,8 @@ def run(script, *args, cwd=HERE, timeout=240):
     env = dict(os.environ, OMP_NUM_THREADS='1')
     if os.path.isdir(TIKTOKEN_CACHE):
         env.setdefault('TIKTOKEN_CACHE_DIR', os.path.abspath(TIKTOKEN_CACHE))
-    return subprocess.run([sys.executable, script, *args] if script.endswith('.py') else [script, *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, script, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def read_bin(path):
@@ -563,8 +563,7 @@ def test_test_split_is_evaluated_at_the_end(corpus, tmp_path):
 
 
 def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(corpus, tmp_path):
-    torchrun = os.path.join(os.path.dirname(sys.executable), 'torchrun')
-    r = run(torchrun, '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu', f'--data_dir={corpus}',
+    r = run('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu', f'--data_dir={corpus}',
             f'--out_dir={tmp_path}', *SMALL, '--max_iters=6', '--eval_interval=3', '--attn=coupled')
     assert r.returncode == 0, r.stderr[-2000:]
     assert 'ddp check: 2 ranks, identical weights: True, distinct batches: True' in r.stdout
