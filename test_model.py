@@ -151,6 +151,8 @@ def test_closed_form_force_equals_autograd_gradient_of_potential():
     (grad,) = torch.autograd.grad(h.potential(q).sum(), q)
     assert torch.allclose(h.force(q), -grad, atol=1e-12)
     assert grad.abs().max() > 1e-2
+    scale = h.dt.view(-1, 1, 1)  # the integrators fold dt into the force's hidden layer: same as scaling after
+    assert torch.allclose(h.force(q, scale), scale * h.force(q), atol=1e-12)
 
 
 @pytest.mark.parametrize('steps', [1, 3, 7])
@@ -563,8 +565,9 @@ def test_test_split_is_evaluated_at_the_end(corpus, tmp_path):
 
 
 def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(corpus, tmp_path):
-    r = run('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu', f'--data_dir={corpus}',
-            f'--out_dir={tmp_path}', *SMALL, '--max_iters=6', '--eval_interval=3', '--attn=coupled')
+    r = run('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu',
+            f'--data_dir={corpus}', f'--out_dir={tmp_path}', *SMALL, '--max_iters=6', '--eval_interval=3',
+            '--attn=coupled')
     assert r.returncode == 0, r.stderr[-2000:]
     assert 'ddp check: 2 ranks, identical weights: True, distinct batches: True' in r.stdout
     assert '2 process(es)' in r.stdout

@@ -72,9 +72,20 @@ CHOICES = dict(attn=ATTN, pos=POS, preset=('',) + tuple(PRESETS), init_from=('sc
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != 'vocab_size']
 
 
+def shutdown(code):
+    if torch.distributed.is_initialized():
+        destroy_process_group()
+        # gloo's worker threads can abort the process during interpreter teardown ("terminate called without an
+        # active exception", pytorch/pytorch#179291); everything is saved and flushed, so skip that teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def die(msg):
     print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
+    shutdown(2)
 
 
 def parse_value(key, text):
@@ -317,6 +328,10 @@ while True:
     for group in optimizer.param_groups:
         group['lr'] = lr
     out_of_time = time_budget > 0 and train_time >= time_budget
+    if ddp and time_budget > 0:  # every rank must stop at the same iteration: rank 0's clock decides
+        flag = torch.tensor(float(out_of_time), device=device)
+        torch.distributed.broadcast(flag, 0)
+        out_of_time = bool(flag.item())
     last = iter_num >= max_iters or out_of_time
     if iter_num % eval_interval == 0 or last:
         losses = estimate_loss()
@@ -343,12 +358,16 @@ while True:
             loss = loss / gradient_accumulation_steps
         scaler.scale(loss).backward()
     lossf = loss.item() * gradient_accumulation_steps
-    if not math.isfinite(lossf):
-        print(f"error: the loss is {lossf} at iteration {iter_num}; the run stopped. Lower --learning_rate or "
-              f"use --dtype=float32; resume from the last good checkpoint with --init_from=resume", file=sys.stderr)
-        if ddp:
-            destroy_process_group()
-        sys.exit(3)
+    finite = math.isfinite(lossf)
+    if ddp:  # stop together: a rank that leaves alone would hang the others in the next all-reduce
+        flag = torch.tensor(float(finite), device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        finite = bool(flag.item())
+    if not finite:
+        print(f"error: the loss is not finite at iteration {iter_num} (here: {lossf}); the run stopped. Lower "
+              f"--learning_rate or use --dtype=float32; resume from the last good checkpoint with --init_from=resume",
+              file=sys.stderr)
+        shutdown(3)
     if grad_clip > 0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -387,9 +406,4 @@ if ddp:
     print0(f"ddp check: {world_size} ranks, identical weights: {same}, distinct batches: "
            f"{len(set(batches)) == world_size}")
     torch.distributed.barrier()
-    destroy_process_group()
-    # gloo's worker threads can abort the process during interpreter teardown ("terminate called without an
-    # active exception", pytorch/pytorch#179291); all work is saved and flushed, so skip that teardown
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    shutdown(0)
