@@ -25,27 +25,31 @@ MODES = ('train', 'forward', 'generate')
 
 
 def report(root, plot):
-    """Final validation perplexity of the train.py runs under root/<label>-s<seed>/metrics.jsonl: mean, spread
-    over seeds, change vs standard; optionally learning curves (matplotlib, optional)."""
-    runs = {}
-    for path in sorted(glob.glob(os.path.join(root, '*', 'metrics.jsonl'))):
-        label, _, seed = os.path.basename(os.path.dirname(path)).rpartition('-s')
+    """Final validation perplexity of the train.py runs in root/[<corpus>/]<label>-s<seed>/metrics.jsonl: mean and
+    spread over seeds, change against standard on the same corpus; optionally learning curves (needs matplotlib)."""
+    runs = {}  # (corpus, label) -> [evals of each seed]
+    paths = glob.glob(os.path.join(root, '*', 'metrics.jsonl')) + glob.glob(os.path.join(root, '*', '*', 'metrics.jsonl'))
+    for path in sorted(paths):
+        corpus = os.path.relpath(os.path.dirname(os.path.dirname(path)), root)
+        label = os.path.basename(os.path.dirname(path)).rpartition('-s')[0]
         log = [json.loads(line) for line in open(path)]
         evals = [e for e in log if e['event'] == 'eval']
         config = log[0].get('config', {}) if log else {}
         if evals and (evals[-1]['iter'] >= config.get('max_iters', 0) or config.get('time_budget', 0) > 0):
-            runs.setdefault(label, []).append(evals)  # finished runs only
+            runs.setdefault((corpus, label), []).append(evals)  # finished runs only
     if not runs:
-        sys.exit(f"error: no runs with metrics.jsonl under {root}/*/; train with --out_dir={root}/<label>-s<seed>")
+        sys.exit(f"error: no finished runs under {root}; train with --out_dir={root}/<corpus>/<label>-s<seed>")
     ppl = {k: [math.exp(r[-1]['val_loss']) for r in v] for k, v in runs.items()}
-    base = statistics.mean(ppl['standard']) if 'standard' in ppl else None
-    print(f"| {root} | seeds | val ppl (mean +- std) | vs standard | tokens | train time |\n|---|---|---|---|---|---|")
-    for k in sorted(ppl, key=lambda k: (k != 'standard', statistics.mean(ppl[k]))):
-        m, sd = statistics.mean(ppl[k]), statistics.stdev(ppl[k]) if len(ppl[k]) > 1 else float('nan')
-        rel = f"{100 * (m / base - 1):+.1f}%" if base else '-'
-        last = runs[k][0][-1]
-        spread = f"{m:.3f} +- {sd:.3f}" if len(ppl[k]) > 1 else f"{m:.3f}"
-        print(f"| {k} | {len(ppl[k])} | {spread} | {rel} | {last['tokens']:,} | {last['time']:.0f} s |")
+    print("| corpus | variant | seeds | val ppl (mean +- std) | vs standard | tokens | train time |\n"
+          "|---|---|---|---|---|---|---|")
+    for corpus, label in sorted(ppl, key=lambda k: (k[0], k[1] != 'standard', statistics.mean(ppl[k]))):
+        p, base = ppl[(corpus, label)], ppl.get((corpus, 'standard'))
+        mean = statistics.mean(p)
+        spread = f"{mean:.3f} +- {statistics.stdev(p):.3f}" if len(p) > 1 else f"{mean:.3f}"
+        rel = f"{100 * (mean / statistics.mean(base) - 1):+.1f}%" if base else '-'
+        last = [r[-1] for r in runs[(corpus, label)]]
+        print(f"| {corpus} | {label} | {len(p)} | {spread} | {rel} | {last[0]['tokens']:,} | "
+              f"{statistics.median(e['time'] for e in last):.0f} s |")
     if plot:
         try:
             import matplotlib
@@ -53,15 +57,19 @@ def report(root, plot):
             import matplotlib.pyplot as plt
         except ImportError:
             sys.exit("error: --plot needs matplotlib (pip install matplotlib); the table above needs nothing")
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for k, color in (('standard', 'tab:blue'), ('coupled', 'tab:red')):
-            for i, r in enumerate(runs.get(k, [])):
-                ax.plot([e['iter'] for e in r], [math.exp(e['val_loss']) for e in r], color=color, alpha=0.7,
-                        label=k if i == 0 else None)
-        ax.set(xlabel='iteration', ylabel='validation perplexity', yscale='log', title=root)
-        ax.legend()
+        corpora = sorted({c for c, label in runs if label in ('standard', 'coupled')})
+        fig, axes = plt.subplots(1, len(corpora), figsize=(3.6 * len(corpora), 3.4), squeeze=False)
+        for ax, corpus in zip(axes[0], corpora):
+            for label, color in (('standard', 'tab:blue'), ('coupled', 'tab:red')):
+                for i, r in enumerate(runs.get((corpus, label), [])):
+                    ax.plot([e['iter'] for e in r[1:]], [math.exp(e['val_loss']) for e in r[1:]], color=color,
+                            alpha=0.6, marker='.', label=label if i == 0 else None)
+            ax.set(xlabel='iteration', title=corpus)
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel('validation perplexity')
+        axes[0][0].legend()
         fig.tight_layout()
-        fig.savefig(plot, dpi=110)
+        fig.savefig(plot, dpi=100)
         print(f"wrote {plot}")
 
 
