@@ -28,7 +28,8 @@ def report(root, plot):
     """Final validation perplexity of the train.py runs in root/[<corpus>/]<label>-s<seed>/metrics.jsonl: mean and
     spread over seeds, change against standard on the same corpus; optionally learning curves (needs matplotlib)."""
     runs = {}  # (corpus, label) -> [evals of each seed]
-    paths = glob.glob(os.path.join(root, '*', 'metrics.jsonl')) + glob.glob(os.path.join(root, '*', '*', 'metrics.jsonl'))
+    paths = glob.glob(os.path.join(root, '*', 'metrics.jsonl'))
+    paths += glob.glob(os.path.join(root, '*', '*', 'metrics.jsonl'))
     for path in sorted(paths):
         corpus = os.path.relpath(os.path.dirname(os.path.dirname(path)), root)
         label = os.path.basename(os.path.dirname(path)).rpartition('-s')[0]

@@ -163,7 +163,8 @@ class Uncoupled(nn.Module):
 
 
 class Invertible(nn.Module):
-    """RealNVP-style coupling of the halves (q, k), identity at init: k <- k exp(s1(q)) + t1(q); q <- q exp(s2(k)) + t2(k)."""
+    """RealNVP-style coupling of the halves (q, k), identity at initialization:
+    k <- k exp(s1(q)) + t1(q);  q <- q exp(s2(k)) + t2(k)."""
 
     def __init__(self, n_head, head_size, hidden, steps):
         super().__init__()
@@ -260,7 +261,8 @@ class CausalSelfAttention(nn.Module):
         self.head_size = config.n_embd // config.n_head
         self.diff = config.attn.startswith('diff')
         # q/k map over every q, k pair: n_head heads, or for diff n_head sub-heads (two per differential head)
-        self.qk = qk_transform(config.attn.removeprefix('diff').removeprefix('+'), config.n_head, self.head_size, config)
+        transform = config.attn.removeprefix('diff').removeprefix('+')
+        self.qk = qk_transform(transform, config.n_head, self.head_size, config)
         self.rotary = Rotary(self.head_size, config.block_size) if config.pos == 'rope' else None
         if self.diff:  # reference: microsoft/unilm Diff-Transformer multihead_diffattn.py
             self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
@@ -291,8 +293,8 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.update(self.layer_idx, k, v)
         if self.diff:
             # (softmax(q1 k1^T) - lambda softmax(q2 k2^T)) v, lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init
-            lam = (torch.exp(torch.dot(self.lambda_q1, self.lambda_k1)) - torch.exp(torch.dot(self.lambda_q2, self.lambda_k2))
-                   + self.lambda_init)
+            lam = (torch.exp(torch.dot(self.lambda_q1, self.lambda_k1))
+                   - torch.exp(torch.dot(self.lambda_q2, self.lambda_k2)) + self.lambda_init)
             y = self.attend(q, k, v.repeat_interleave(2, dim=1), past)  # (B, nh, T, 2hs): both sub-heads, same v
             y = y.view(B, nh_v, 2, T, 2 * self.head_size)
             y = self.subln(y[:, :, 0] - lam * y[:, :, 1]) * (1 - self.lambda_init)  # (B, nh/2, T, 2hs)

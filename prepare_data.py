@@ -26,7 +26,8 @@ import numpy as np
 
 # name -> where it comes from, its splits, and its default tokenizer (the paper's corpora default to gpt2)
 CORPORA = {
-    'pydocs': dict(tokenizer='bytes', about="CPython's bundled reference docs (pydoc_data) + stdlib docstrings; offline"),
+    'pydocs': dict(tokenizer='bytes',
+                   about="CPython's bundled reference docs (pydoc_data) + stdlib docstrings; offline"),
     'shakespeare': dict(tokenizer='bytes', about='Tiny Shakespeare (karpathy/char-rnn), 1.1 MB',
                         url='https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt',
                         sha256='86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed'),

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import numpy as np
 import torch
@@ -62,7 +62,7 @@ lr_decay_iters = 0      # 0: max_iters
 min_lr = 2e-4
 # system
 device = 'auto'         # auto (cuda, mps, cpu), or e.g. cpu, cuda, cuda:1, mps
-dtype = 'auto'          # auto (bfloat16 if supported on CUDA, else float16; float32 off CUDA), float32, bfloat16, float16
+dtype = 'auto'          # auto: bfloat16 on CUDA if supported, else float16; float32 off CUDA. Or name one
 compile = False         # torch.compile the model; falls back to eager with a warning if compiling fails
 seed = 1337
 # -----------------------------------------------------------------------------
