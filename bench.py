@@ -223,11 +223,12 @@ for mode, fn, ntok in jobs:
     print(f"  {mode}: done")
 
 base_flops = flops_per_token(cfg0, T)
+flop_ratio = {v: flops_per_token(models[v][0].config, T) / base_flops for v in variants}
 records = []
 print(f"\n{'attn':<16}{'mode':<18}{'ms/iter':>10}{'tokens/s':>12}{'peak MB':>9}{'vs standard':>13}{'FLOP model':>12}")
 for (v, mode), r in results.items():
     r['ratio_vs_standard'] = r['ms_per_iter'] / results[('standard', mode)]['ms_per_iter']
-    r['flop_model_ratio'] = flops_per_token(models[v][0].config, T) / base_flops if mode == 'train' else None
+    r['flop_model_ratio'] = flop_ratio[v] if mode == 'train' else None
     if mode == 'generate-nocache':
         r['cache_speedup'] = r['ms_per_iter'] / results[(v, 'generate')]['ms_per_iter']
     records.append(r)
@@ -239,8 +240,8 @@ for r in records:
     if 'cache_speedup' in r:
         print(f"{r['attn']}: KV cache generates {args.new_tokens} tokens {r['cache_speedup']:.1f}x faster "
               f"than recomputing the context")
-extra = {v: 100 * (models[v][0] and flops_per_token(models[v][0].config, T) / base_flops - 1) for v in variants}
-print("FLOP model: the q/k dynamics add " + ', '.join(f"{v} {e:+.2f}%" for v, e in extra.items() if v != 'standard')
+print("FLOP model: vs standard, " + ', '.join(f"{v} {100 * (e - 1):+.2f}%" for v, e in flop_ratio.items()
+                                             if v != 'standard')
       + " to a training step (matmuls, attention, and the dynamics' elementwise work; a perfect implementation's "
         "ratio)")
 if args.json_out:
