@@ -100,11 +100,22 @@ class HeadMLP(nn.Module):
         return torch.matmul(F.silu(self.hidden(x)), (scale * self.c_proj).transpose(1, 2))
 
 
+def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
+    s = torch.sigmoid(z)
+    return s * (1 + z * (1 - s))
+
+
+def silu_grad2(z):  # silu''(z) = s (1 - s) (2 + z (1 - 2 s))
+    s = torch.sigmoid(z)
+    return s * (1 - s) * (2 + z * (1 - 2 * s))
+
+
 class Hamiltonian(nn.Module):
     """
     Query = position, key = momentum: H(q, k) = 1/2 |k|^2 + V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head.
     integrator 'leapfrog' (attn=coupled) or 'euler'; step size dt learned per head.
     """
+    fused = True  # leapfrog through LeapfrogStep: the same map with a hand-written backward (False: the loop below)
 
     def __init__(self, n_head, head_size, hidden, steps, integrator):
         super().__init__()
@@ -119,14 +130,15 @@ class Hamiltonian(nn.Module):
         return 0.5 * k.pow(2).sum(-1) + self.potential(q)
 
     def force(self, q, scale=1.0):
-        # scale * F(q), F(q) = -grad V(q) = -W^T (a * silu'(W q + b)), silu'(z) = s (1 + z (1 - s)), s = sigmoid(z).
+        # scale * F(q), F(q) = -grad V(q) = -W^T (a * silu'(W q + b)).
         # The scale (e.g. dt/2, shape (nh, 1, 1)) multiplies the m-wide hidden, not the hs-wide result: cheaper.
         z = self.V.hidden(q)                                       # (B, nh, T, m)
-        s = torch.sigmoid(z)
-        return torch.matmul(s * (1 + z * (1 - s)) * (-scale * self.V.c_proj), self.V.c_fc)  # (B, nh, T, hs)
+        return torch.matmul(silu_grad(z) * (-scale * self.V.c_proj), self.V.c_fc)  # (B, nh, T, hs)
 
     def forward(self, q, k, dt=None):
         dt = (self.dt if dt is None else dt).view(-1, 1, 1)       # (nh, 1, 1)
+        if self.integrator == 'leapfrog' and self.fused:
+            return self.leapfrog_fused(q, k, dt)
         if self.integrator == 'euler':
             for _ in range(self.steps):
                 q, k = torch.addcmul(q, dt, k), k + self.force(q, dt)  # q, k = q + dt k, k + dt F(q)
@@ -139,10 +151,59 @@ class Hamiltonian(nn.Module):
             k = k + kick                                          # k += dt/2 F(q)
         return q, k
 
+    def leapfrog_fused(self, q, k, dt):
+        # (B, nh, T, hs) -> (nh, B*T, hs): every token of a head in one matrix; a view for q, k sliced from c_attn
+        shape = q.movedim(-3, 0).shape
+        q, k = (x.movedim(-3, 0).reshape(shape[0], -1, shape[-1]) for x in (q, k))
+        for _ in range(self.steps):
+            q, k = LeapfrogStep.apply(q, k, self.V.c_fc, self.V.bias.transpose(1, 2), self.V.c_proj.transpose(1, 2), dt)
+        return q.view(shape).movedim(0, -3), k.view(shape).movedim(0, -3)  # views: (B, nh, T, hs), no copy
+
     def inverse(self, q, k):
         if self.integrator != 'leapfrog':
             raise ValueError("only the leapfrog integrator is exactly invertible; euler is not")
         return self(q, k, dt=-self.dt)  # leapfrog is time-reversible: integrating with -dt returns
+
+
+class LeapfrogStep(torch.autograd.Function):
+    """
+    One leapfrog step of all heads, as velocity Verlet with the forces kept in the m-wide hidden space and a
+    hand-derived backward: the map of Hamiltonian's loop (test_model.py checks values and gradients) in about half
+    the passes over hs-wide memory, which is what the dynamics cost on a CPU (bench.py).
+        q1 = q + dt k + dt^2/2 F(q),  k1 = k + dt/2 (F(q) + F(q1)),  with dt/2 F(q) = W^T g, g = c silu'(W q + b)
+    q, k (nh, N, hs); W (nh, m, hs); b, a (nh, m, 1); dt (nh, 1, 1); hidden z, g (nh, m, N), c = -dt/2 a (nh, m, 1).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, W, b, a, dt):
+        with torch.autocast(q.device.type, enabled=False):  # one dtype throughout (autocast: that of q, k)
+            W, b, a, dt = (t.to(q.dtype) for t in (W, b, a, dt))
+            c = -0.5 * dt * a
+            z0 = torch.baddbmm(b, W, q.transpose(1, 2))                       # z = W q + b
+            d0 = silu_grad(z0)
+            q1 = torch.addcmul(q, dt, k).baddbmm_((dt * c * d0).transpose(1, 2), W)  # q + dt k + dt W^T g0
+            z1 = torch.baddbmm(b, W, q1.transpose(1, 2))
+            d1 = silu_grad(z1)
+            k1 = torch.baddbmm(k, (c * (d0 + d1)).transpose(1, 2), W)         # k + W^T (g0 + g1)
+        ctx.save_for_backward(q, k, q1, W, a, dt, z0, z1, d0, d1)
+        return q1, k1
+
+    @staticmethod
+    def backward(ctx, gq1, gk1):  # gx = dLoss/dx; chain rule through the forward, last line first
+        q, k, q1, W, a, dt, z0, z1, d0, d1 = ctx.saved_tensors
+        c = -0.5 * dt * a
+        gg1 = torch.bmm(W, gk1.transpose(1, 2))                    # through k1 = ... + W^T g1: (nh, m, N)
+        gz1 = gg1 * c * silu_grad2(z1)
+        gq1 = torch.baddbmm(gq1, gz1.transpose(1, 2), W)           # total gradient on q1, through z1 too
+        gk = torch.addcmul(gk1, dt, gq1)                           # k reaches the loss via k1 and q1
+        wgq1 = torch.bmm(W, gq1.transpose(1, 2))                   # (nh, m, N)
+        gg0 = torch.addcmul(gg1, dt, wgq1)                         # g0 is in k1 and (times dt) in q1
+        gz0 = gg0 * c * silu_grad2(z0)
+        gc = (gg1 * d1 + gg0 * d0).sum(2, keepdim=True)            # c = -dt/2 a multiplies g0 and g1
+        gdt = ((gq1 * k).sum((1, 2)) + (wgq1 * c * d0).sum((1, 2))).view_as(dt) - 0.5 * (a * gc).sum(1, keepdim=True)
+        gW = torch.bmm(c * d1, gk1).baddbmm_(c * d0, gk).baddbmm_(gz1, q1).baddbmm_(gz0, q)
+        gq = gq1.baddbmm_(gz0.transpose(1, 2), W)                  # through z0 = W q + b
+        return gq, gk, gW, (gz0 + gz1).sum(2, keepdim=True), -0.5 * dt * gc, gdt
 
 
 class Uncoupled(nn.Module):
