@@ -155,8 +155,12 @@ class Hamiltonian(nn.Module):
         # (B, nh, T, hs) -> (nh, B*T, hs): every token of a head in one matrix; a view for q, k sliced from c_attn
         shape = q.movedim(-3, 0).shape
         q, k = (x.movedim(-3, 0).reshape(shape[0], -1, shape[-1]) for x in (q, k))
+        params = (self.V.c_fc, self.V.bias.transpose(1, 2), self.V.c_proj.transpose(1, 2), dt)
         for _ in range(self.steps):
-            q, k = LeapfrogStep.apply(q, k, self.V.c_fc, self.V.bias.transpose(1, 2), self.V.c_proj.transpose(1, 2), dt)
+            if torch.is_grad_enabled():
+                q, k = LeapfrogStep.apply(q, k, *params)
+            else:  # inference, e.g. generation one token at a time: the same step without autograd's bookkeeping
+                q, k = LeapfrogStep.step(q, k, *params)[:2]
         return q.view(shape).movedim(0, -3), k.view(shape).movedim(0, -3)  # views: (B, nh, T, hs), no copy
 
     def inverse(self, q, k):
@@ -175,23 +179,31 @@ class LeapfrogStep(torch.autograd.Function):
     """
 
     @staticmethod
+    def step(q, k, W, b, a, dt):  # the forward's arithmetic, also inference's path: q1, k1 and the hidden z0, z1
+        if torch.is_autocast_enabled(q.device.type):  # one dtype throughout: that of q, k
+            with torch.autocast(q.device.type, enabled=False):
+                return LeapfrogStep.step(q, k, W.to(q.dtype), b.to(q.dtype), a.to(q.dtype), dt.to(q.dtype))
+        c = -0.5 * dt * a
+        z0 = torch.baddbmm(b, W, q.transpose(1, 2))                           # z = W q + b
+        g0 = torch.ops.aten.silu_backward(c, z0)                              # g = c silu'(z), in one kernel
+        q1 = torch.addcmul(q, dt, k).baddbmm_((dt * g0).transpose(1, 2), W)   # q + dt k + dt W^T g0
+        z1 = torch.baddbmm(b, W, q1.transpose(1, 2))
+        g1 = torch.ops.aten.silu_backward(c, z1)
+        k1 = torch.baddbmm(k, (g0 + g1).transpose(1, 2), W)                   # k + W^T (g0 + g1)
+        return q1, k1, z0, z1
+
+    @staticmethod
     def forward(ctx, q, k, W, b, a, dt):
-        with torch.autocast(q.device.type, enabled=False):  # one dtype throughout (autocast: that of q, k)
-            W, b, a, dt = (t.to(q.dtype) for t in (W, b, a, dt))
-            c = -0.5 * dt * a
-            z0 = torch.baddbmm(b, W, q.transpose(1, 2))                       # z = W q + b
-            d0 = silu_grad(z0)
-            q1 = torch.addcmul(q, dt, k).baddbmm_((dt * c * d0).transpose(1, 2), W)  # q + dt k + dt W^T g0
-            z1 = torch.baddbmm(b, W, q1.transpose(1, 2))
-            d1 = silu_grad(z1)
-            k1 = torch.baddbmm(k, (c * (d0 + d1)).transpose(1, 2), W)         # k + W^T (g0 + g1)
-        ctx.save_for_backward(q, k, q1, W, a, dt, z0, z1, d0, d1)
+        q1, k1, z0, z1 = LeapfrogStep.step(q, k, W, b, a, dt)
+        ctx.save_for_backward(q, k, q1, W, a, dt, z0, z1)
         return q1, k1
 
     @staticmethod
     def backward(ctx, gq1, gk1):  # gx = dLoss/dx; chain rule through the forward, last line first
-        q, k, q1, W, a, dt, z0, z1, d0, d1 = ctx.saved_tensors
+        q, k, q1, W, a, dt, z0, z1 = ctx.saved_tensors
+        W, a, dt = W.to(q.dtype), a.to(q.dtype), dt.to(q.dtype)  # autocast: compute in the dtype of q, k
         c = -0.5 * dt * a
+        d0, d1 = silu_grad(z0), silu_grad(z1)
         gg1 = torch.bmm(W, gk1.transpose(1, 2))                    # through k1 = ... + W^T g1: (nh, m, N)
         gz1 = gg1 * c * silu_grad2(z1)
         gq1 = torch.baddbmm(gq1, gz1.transpose(1, 2), W)           # total gradient on q1, through z1 too
@@ -333,8 +345,9 @@ class CausalSelfAttention(nn.Module):
 
     def attend(self, q, k, v, past):
         # softmax(q k^T / sqrt(hs)) v over positions <= t; with a cache, the new queries sit at past .. past+T-1
+        # (one new query, as in generation, sees every cached position: no mask)
         T = q.size(2)
-        mask = None if past == 0 else torch.ones(T, past + T, dtype=torch.bool, device=q.device).tril(past)
+        mask = None if past == 0 or T == 1 else torch.ones(T, past + T, dtype=torch.bool, device=q.device).tril(past)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0 and T > 1,
                                               dropout_p=self.dropout if self.training else 0.0)
 
