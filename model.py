@@ -110,6 +110,9 @@ def silu_grad2(z):  # silu''(z) = s (1 - s) (2 + z (1 - 2 s))
     return s * (1 - s) * (2 + z * (1 - 2 * s))
 
 
+silu_backward = torch.ops.aten.silu_backward  # silu_backward(g, z) = g silu'(z) in one kernel: SiLU's own backward
+
+
 class Hamiltonian(nn.Module):
     """
     Query = position, key = momentum: H(q, k) = 1/2 |k|^2 + V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head.
@@ -160,7 +163,7 @@ class Hamiltonian(nn.Module):
             if torch.is_grad_enabled():
                 q, k = LeapfrogStep.apply(q, k, *params)
             else:  # inference, e.g. generation one token at a time: the same step without autograd's bookkeeping
-                q, k = LeapfrogStep.step(q, k, *params)[:2]
+                q, k, _ = LeapfrogStep.step(q, k, *params)
         return q.view(shape).movedim(0, -3), k.view(shape).movedim(0, -3)  # views: (B, nh, T, hs), no copy
 
     def inverse(self, q, k):
@@ -179,41 +182,40 @@ class LeapfrogStep(torch.autograd.Function):
     """
 
     @staticmethod
-    def step(q, k, W, b, a, dt):  # the forward's arithmetic, also inference's path: q1, k1 and the hidden z0, z1
+    def step(q, k, W, b, a, dt):  # the forward's arithmetic, also inference's path: q1, k1 and the hidden z, g
         if torch.is_autocast_enabled(q.device.type):  # one dtype throughout: that of q, k
             with torch.autocast(q.device.type, enabled=False):
                 return LeapfrogStep.step(q, k, W.to(q.dtype), b.to(q.dtype), a.to(q.dtype), dt.to(q.dtype))
         c = -0.5 * dt * a
         z0 = torch.baddbmm(b, W, q.transpose(1, 2))                           # z = W q + b
-        g0 = torch.ops.aten.silu_backward(c, z0)                              # g = c silu'(z), in one kernel
+        g0 = silu_backward(c, z0)                                             # g = c silu'(z)
         q1 = torch.addcmul(q, dt, k).baddbmm_((dt * g0).transpose(1, 2), W)   # q + dt k + dt W^T g0
         z1 = torch.baddbmm(b, W, q1.transpose(1, 2))
-        g1 = torch.ops.aten.silu_backward(c, z1)
+        g1 = silu_backward(c, z1)
         k1 = torch.baddbmm(k, (g0 + g1).transpose(1, 2), W)                   # k + W^T (g0 + g1)
-        return q1, k1, z0, z1
+        return q1, k1, (z0, z1, g0, g1)
 
     @staticmethod
     def forward(ctx, q, k, W, b, a, dt):
-        q1, k1, z0, z1 = LeapfrogStep.step(q, k, W, b, a, dt)
-        ctx.save_for_backward(q, k, q1, W, a, dt, z0, z1)
+        q1, k1, hidden = LeapfrogStep.step(q, k, W, b, a, dt)
+        ctx.save_for_backward(q, k, q1, W, a, dt, *hidden)
         return q1, k1
 
     @staticmethod
     def backward(ctx, gq1, gk1):  # gx = dLoss/dx; chain rule through the forward, last line first
-        q, k, q1, W, a, dt, z0, z1 = ctx.saved_tensors
+        q, k, q1, W, a, dt, z0, z1, g0, g1 = ctx.saved_tensors
         W, a, dt = W.to(q.dtype), a.to(q.dtype), dt.to(q.dtype)  # autocast: compute in the dtype of q, k
         c = -0.5 * dt * a
-        d0, d1 = silu_grad(z0), silu_grad(z1)
         gg1 = torch.bmm(W, gk1.transpose(1, 2))                    # through k1 = ... + W^T g1: (nh, m, N)
         gz1 = gg1 * c * silu_grad2(z1)
-        gq1 = torch.baddbmm(gq1, gz1.transpose(1, 2), W)           # total gradient on q1, through z1 too
+        gq1 = gq1 + torch.bmm(gz1.transpose(1, 2), W)              # total gradient on q1 (z1 too), in gq1's layout
         gk = torch.addcmul(gk1, dt, gq1)                           # k reaches the loss via k1 and q1
         wgq1 = torch.bmm(W, gq1.transpose(1, 2))                   # (nh, m, N)
         gg0 = torch.addcmul(gg1, dt, wgq1)                         # g0 is in k1 and (times dt) in q1
         gz0 = gg0 * c * silu_grad2(z0)
-        gc = (gg1 * d1 + gg0 * d0).sum(2, keepdim=True)            # c = -dt/2 a multiplies g0 and g1
-        gdt = ((gq1 * k).sum((1, 2)) + (wgq1 * c * d0).sum((1, 2))).view_as(dt) - 0.5 * (a * gc).sum(1, keepdim=True)
-        gW = torch.bmm(c * d1, gk1).baddbmm_(c * d0, gk).baddbmm_(gz1, q1).baddbmm_(gz0, q)
+        gc = (silu_backward(gg1, z1) + silu_backward(gg0, z0)).sum(2, keepdim=True)  # g = c silu'(z)
+        gdt = ((gq1 * k).sum((1, 2)) + (wgq1 * g0).sum((1, 2))).view_as(dt) - 0.5 * (a * gc).sum(1, keepdim=True)
+        gW = torch.bmm(g1, gk1).baddbmm_(g0, gk).baddbmm_(gz1, q1).baddbmm_(gz0, q)
         gq = gq1.baddbmm_(gz0.transpose(1, 2), W)                  # through z0 = W q + b
         return gq, gk, gW, (gz0 + gz1).sum(2, keepdim=True), -0.5 * dt * gc, gdt
 
