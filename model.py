@@ -175,8 +175,8 @@ class Hamiltonian(nn.Module):
 class LeapfrogStep(torch.autograd.Function):
     """
     One leapfrog step of all heads, as velocity Verlet with the forces kept in the m-wide hidden space and a
-    hand-derived backward: the map of Hamiltonian's loop (test_model.py checks values and gradients) in about half
-    the passes over hs-wide memory, which is what the dynamics cost on a CPU (bench.py).
+    hand-derived backward: the map of Hamiltonian's loop (test_model.py checks values and gradients) in fewer
+    passes over hs-wide memory than autograd through the loop, and those passes are what the dynamics cost.
         q1 = q + dt k + dt^2/2 F(q),  k1 = k + dt/2 (F(q) + F(q1)),  with dt/2 F(q) = W^T g, g = c silu'(W q + b)
     q, k (nh, N, hs); W (nh, m, hs); b, a (nh, m, 1); dt (nh, 1, 1); hidden z, g (nh, m, N), c = -dt/2 a (nh, m, 1).
     """

@@ -636,3 +636,30 @@ def test_compile_works_on_cpu(corpus, tmp_path):
     assert 'compiling' in r.stdout and 'torch.compile failed' not in r.stdout
     ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
     assert not any(k.startswith('_orig_mod.') for k in ckpt['model'])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bench.py: records, not timings (timings are never asserted)
+
+def test_bench_writes_one_record_per_variant_and_mode(tmp_path):
+    out = tmp_path / 'bench.jsonl'
+    r = run('bench.py', '--preset=tiny', '--attn=coupled,diff+coupled', '--vocab_size=64', '--batch_size=2',
+            '--block_size=16', '--new_tokens=4', '--iters=1', '--warmup=0', f'--json_out={out}')
+    assert r.returncode == 0, r.stderr[-2000:]
+    records = [json.loads(line) for line in open(out)]
+    modes = ('train', 'forward', 'generate', 'generate-nocache')
+    assert {(rec['attn'], rec['mode']) for rec in records} == {(a, m) for a in ('standard', 'coupled', 'diff+coupled')
+                                                                for m in modes}
+    for rec in records:
+        assert rec['ms_per_iter'] > 0 and rec['tokens_per_s'] > 0
+        assert (rec['ratio_vs_standard'] == 1.0) == (rec['attn'] == 'standard')
+    flop = {rec['attn']: rec['flop_model_ratio'] for rec in records if rec['mode'] == 'train'}
+    assert flop['standard'] == 1.0 and 1.0 < flop['coupled'] < flop['diff+coupled'] < 1.05
+    assert 'KV cache generates 4 tokens' in r.stdout
+
+
+@pytest.mark.parametrize('args, words', [(['--attn=hamiltonian'], 'hamiltonian'), (['--mode=backward'], 'backward'),
+                                         (['--preset=huge'], 'preset')])
+def test_bench_bad_flags_give_one_clear_line(args, words):
+    r = run('bench.py', *args)
+    assert r.returncode != 0 and words in r.stderr and 'Traceback' not in r.stderr and len(r.stderr.splitlines()) == 1
