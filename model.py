@@ -155,16 +155,15 @@ class Hamiltonian(nn.Module):
         return q, k
 
     def leapfrog_fused(self, q, k, dt):
-        # (B, nh, T, hs) -> (nh, B*T, hs): every token of a head in one matrix; a view for q, k sliced from c_attn
-        shape = q.movedim(-3, 0).shape
-        q, k = (x.movedim(-3, 0).reshape(shape[0], -1, shape[-1]) for x in (q, k))
-        params = (self.V.c_fc, self.V.bias.transpose(1, 2), self.V.c_proj.transpose(1, 2), dt)
+        B, nh, T, hs = q.shape  # -> (nh, B*T, hs): all tokens of a head in one matrix; a view of c_attn's output
+        q, k = q.transpose(0, 1).reshape(nh, B * T, hs), k.transpose(0, 1).reshape(nh, B * T, hs)
+        W, b, a = self.V.c_fc, self.V.bias.transpose(1, 2), self.V.c_proj.transpose(1, 2)
         for _ in range(self.steps):
             if torch.is_grad_enabled():
-                q, k = LeapfrogStep.apply(q, k, *params)
+                q, k = LeapfrogStep.apply(q, k, W, b, a, dt)
             else:  # inference, e.g. generation one token at a time: the same step without autograd's bookkeeping
-                q, k, _ = LeapfrogStep.step(q, k, *params)
-        return q.view(shape).movedim(0, -3), k.view(shape).movedim(0, -3)  # views: (B, nh, T, hs), no copy
+                q, k, _ = LeapfrogStep.step(q, k, W, b, a, dt)
+        return q.view(nh, B, T, hs).transpose(0, 1), k.view(nh, B, T, hs).transpose(0, 1)  # (B, nh, T, hs) views
 
     def inverse(self, q, k):
         if self.integrator != 'leapfrog':
@@ -174,49 +173,49 @@ class Hamiltonian(nn.Module):
 
 class LeapfrogStep(torch.autograd.Function):
     """
-    One leapfrog step of all heads, as velocity Verlet with the forces kept in the m-wide hidden space and a
+    One kick-drift-kick step of all heads at once, with the forces kept in the m-wide hidden space and a
     hand-derived backward: the map of Hamiltonian's loop (test_model.py checks values and gradients) in fewer
     passes over hs-wide memory than autograd through the loop, and those passes are what the dynamics cost.
-        q1 = q + dt k + dt^2/2 F(q),  k1 = k + dt/2 (F(q) + F(q1)),  with dt/2 F(q) = W^T g, g = c silu'(W q + b)
-    q, k (nh, N, hs); W (nh, m, hs); b, a (nh, m, 1); dt (nh, 1, 1); hidden z, g (nh, m, N), c = -dt/2 a (nh, m, 1).
+        k += dt/2 F(q);  q += dt k;  k += dt/2 F(q)      with dt/2 F(q) = W^T g,  g = c silu'(W q + b),  c = -dt/2 a
+    q, k (nh, N, hs); W (nh, m, hs); b, a (nh, m, 1); dt (nh, 1, 1); hidden z, g (nh, m, N).
     """
 
     @staticmethod
-    def step(q, k, W, b, a, dt):  # the forward's arithmetic, also inference's path: q1, k1 and the hidden z, g
+    def step(q, k, W, b, a, dt):  # the forward's arithmetic, also inference's path: q1, k1 and what backward needs
         if torch.is_autocast_enabled(q.device.type):  # one dtype throughout: that of q, k
             with torch.autocast(q.device.type, enabled=False):
                 return LeapfrogStep.step(q, k, W.to(q.dtype), b.to(q.dtype), a.to(q.dtype), dt.to(q.dtype))
         c = -0.5 * dt * a
-        z0 = torch.baddbmm(b, W, q.transpose(1, 2))                           # z = W q + b
-        g0 = silu_backward(c, z0)                                             # g = c silu'(z)
-        q1 = torch.addcmul(q, dt, k).baddbmm_((dt * g0).transpose(1, 2), W)   # q + dt k + dt W^T g0
+        z0 = torch.baddbmm(b, W, q.transpose(1, 2))        # z = W q + b
+        g0 = silu_backward(c, z0)                          # g = c silu'(z)
+        kh = torch.baddbmm(k, g0.transpose(1, 2), W)       # k + dt/2 F(q)
+        q1 = torch.addcmul(q, dt, kh)                      # q + dt k
         z1 = torch.baddbmm(b, W, q1.transpose(1, 2))
         g1 = silu_backward(c, z1)
-        k1 = torch.baddbmm(k, (g0 + g1).transpose(1, 2), W)                   # k + W^T (g0 + g1)
-        return q1, k1, (z0, z1, g0, g1)
+        k1 = torch.baddbmm(kh, g1.transpose(1, 2), W)      # k + dt/2 F(q1)
+        return q1, k1, (kh, z0, z1, g0, g1)
 
     @staticmethod
     def forward(ctx, q, k, W, b, a, dt):
-        q1, k1, hidden = LeapfrogStep.step(q, k, W, b, a, dt)
-        ctx.save_for_backward(q, k, q1, W, a, dt, *hidden)
+        q1, k1, saved = LeapfrogStep.step(q, k, W, b, a, dt)
+        ctx.save_for_backward(q, q1, W, a, dt, *saved)
         return q1, k1
 
     @staticmethod
-    def backward(ctx, gq1, gk1):  # gx = dLoss/dx; chain rule through the forward, last line first
-        q, k, q1, W, a, dt, z0, z1, g0, g1 = ctx.saved_tensors
+    def backward(ctx, gq1, gk1):  # gx = dLoss/dx; the chain rule through step(), last line first
+        q, q1, W, a, dt, kh, z0, z1, g0, g1 = ctx.saved_tensors
         W, a, dt = W.to(q.dtype), a.to(q.dtype), dt.to(q.dtype)  # autocast: compute in the dtype of q, k
         c = -0.5 * dt * a
-        gg1 = torch.bmm(W, gk1.transpose(1, 2))                    # through k1 = ... + W^T g1: (nh, m, N)
-        gz1 = gg1 * c * silu_grad2(z1)
-        gq1 = gq1 + torch.bmm(gz1.transpose(1, 2), W)              # total gradient on q1 (z1 too), in gq1's layout
-        gk = torch.addcmul(gk1, dt, gq1)                           # k reaches the loss via k1 and q1
-        wgq1 = torch.bmm(W, gq1.transpose(1, 2))                   # (nh, m, N)
-        gg0 = torch.addcmul(gg1, dt, wgq1)                         # g0 is in k1 and (times dt) in q1
+        gg1 = torch.bmm(W, gk1.transpose(1, 2))                    # k1 = kh + W^T g1: (nh, m, N)
+        gz1 = gg1 * c * silu_grad2(z1)                             # g1 = c silu'(z1)
+        gq1 = gq1 + torch.bmm(gz1.transpose(1, 2), W)              # z1 = W q1 + b: q1's total gradient, its layout
+        gk = torch.addcmul(gk1, dt, gq1)                           # q1 = q + dt kh; kh's gradient is k's
+        gg0 = torch.bmm(W, gk.transpose(1, 2))                     # kh = k + W^T g0
         gz0 = gg0 * c * silu_grad2(z0)
-        gc = (silu_backward(gg1, z1) + silu_backward(gg0, z0)).sum(2, keepdim=True)  # g = c silu'(z)
-        gdt = ((gq1 * k).sum((1, 2)) + (wgq1 * g0).sum((1, 2))).view_as(dt) - 0.5 * (a * gc).sum(1, keepdim=True)
+        gc = (silu_backward(gg1, z1) + silu_backward(gg0, z0)).sum(2, keepdim=True)  # c in g0 and g1
+        gdt = (gq1 * kh).sum((1, 2)).view_as(dt) - 0.5 * (a * gc).sum(1, keepdim=True)  # dt in q1 and in c
         gW = torch.bmm(g1, gk1).baddbmm_(g0, gk).baddbmm_(gz1, q1).baddbmm_(gz0, q)
-        gq = gq1.baddbmm_(gz0.transpose(1, 2), W)                  # through z0 = W q + b
+        gq = gq1.baddbmm_(gz0.transpose(1, 2), W)                  # z0 = W q + b
         return gq, gk, gW, (gz0 + gz1).sum(2, keepdim=True), -0.5 * dt * gc, gdt
 
 
@@ -303,22 +302,32 @@ class Rotary(nn.Module):
 
 
 class KVCache:
-    """Per layer, the keys (already evolved and rotated) and values of every token seen so far."""
+    """
+    Per layer, the keys (already evolved and rotated) and values of every token seen so far, in buffers that grow
+    by doubling: a new token is a write, not a copy of the whole cache.
+    """
 
     def __init__(self, n_layer):
-        self.layers = [None] * n_layer
+        self.layers = [None] * n_layer  # (keys, values) buffers, (B, nh, capacity, hs)
+        self.sizes = [0] * n_layer
 
     def __len__(self):  # tokens cached (by the first layer; a forward pass updates the layers in turn)
-        return self.size(0)
+        return self.sizes[0]
 
     def size(self, i):  # tokens cached by layer i
-        return 0 if self.layers[i] is None else self.layers[i][0].size(2)
+        return self.sizes[i]
 
     def update(self, i, k, v):  # append this step's (B, nh, T, hs) keys/values, return all of them
-        if self.layers[i] is not None:
-            k, v = torch.cat((self.layers[i][0], k), dim=2), torch.cat((self.layers[i][1], v), dim=2)
-        self.layers[i] = (k, v)
-        return k, v
+        n, T = self.sizes[i], k.size(2)
+        if self.layers[i] is None or n + T > self.layers[i][0].size(2):
+            grown = [x.new_empty(x.shape[:2] + (2 * (n + T),) + x.shape[3:]) for x in (k, v)]
+            for new, old in zip(grown, self.layers[i] or ()):
+                new[:, :, :n] = old[:, :, :n]
+            self.layers[i] = grown
+        keys, values = self.layers[i]
+        keys[:, :, n:n + T], values[:, :, n:n + T] = k, v
+        self.sizes[i] = n + T
+        return keys[:, :, :n + T], values[:, :, :n + T]
 
 
 class CausalSelfAttention(nn.Module):
