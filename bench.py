@@ -130,11 +130,11 @@ def keep_freed_memory():
     does. Linux/glibc only; elsewhere nothing changes.
     """
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library('c'))
-        libc.mallopt(-3, 1 << 30)        # M_MMAP_THRESHOLD: blocks under 1 GiB come from the heap, reused after free
-        libc.mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: never shrink the heap
+        mallopt = ctypes.CDLL(ctypes.util.find_library('c')).mallopt
     except (OSError, AttributeError, TypeError):
-        pass
+        return  # not glibc
+    mallopt(-3, 1 << 30)        # M_MMAP_THRESHOLD: blocks under 1 GiB come from the heap, reused after free
+    mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: never shrink the heap
 
 
 if not cuda:

@@ -304,7 +304,7 @@ class Rotary(nn.Module):
 class KVCache:
     """
     Per layer, the keys (already evolved and rotated) and values of every token seen so far, in buffers that grow
-    by doubling: a new token is a write, not a copy of the whole cache.
+    by doubling: a new token is a write, not a copy of the whole cache. For inference: the writes are in place.
     """
 
     def __init__(self, n_layer):
