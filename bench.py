@@ -219,9 +219,11 @@ results = {}
 for mode, fn, ntok in jobs:
     # generation is slow to time: 1/3 of the rounds; recomputation (O(n^2) work) once, warmed up by the cached run
     iters = {'generate': max(1, args.iters // 3), 'generate-nocache': 1}.get(mode, args.iters)
+    start = time.perf_counter()
     for v in variants:  # warm-up (and compilation)
         for _ in range({'generate': 1, 'generate-nocache': 0}.get(mode, args.warmup)):
             fn(*models[v], x)
+    warm = time.perf_counter() - start
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     times = {v: [] for v in variants}
@@ -237,6 +239,9 @@ for mode, fn, ntok in jobs:
             times[v].append(time.perf_counter() - t0)
             if cuda:
                 peak[v] = max(peak.get(v, 0), torch.cuda.max_memory_allocated() / 2**20)
+        spent = time.perf_counter() - start
+        print(f"  {mode}: round {r + 1}/{iters} | warm-up {warm:.0f} s | {spent:.0f} s so far, about "
+              f"{(spent - warm) / (r + 1) * (iters - r - 1):.0f} s left", flush=True)
     for v in variants:
         ms = 1000 * statistics.median(times[v])
         # the ratio pairs each round's time with standard's in the same round, then takes the median: a slow spell
@@ -244,7 +249,6 @@ for mode, fn, ntok in jobs:
         ratio = statistics.median(t / t0 for t, t0 in zip(times[v], times['standard']))
         results[(v, mode)] = dict(attn=v, mode=mode, ms_per_iter=ms, tokens_per_s=ntok / ms * 1000,
                                   ratio_vs_standard=ratio, peak_mem_mb=peak.get(v), iters=iters)
-    print(f"  {mode}: done")
 
 base_flops = flops_per_token(cfg0, T)
 flop_ratio = {v: flops_per_token(models[v][0].config, T) / base_flops for v in variants}
