@@ -316,7 +316,7 @@ def test_kv_cache_logits_equal_full_forward(attn, pos):
     randomize_qk(model)
     idx = idx_batch(T=12)
     full = model(idx)[0]
-    cache = KVCache(model.config.n_layer)
+    cache = KVCache(model.config.n_layer, model.lm_head.weight)  # with generation's copy of the output embedding
     steps = [model(idx[:, :5], cache=cache)[0]]  # a prompt, then one token at a time
     steps += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 12)]
     assert len(cache) == 12
@@ -325,6 +325,9 @@ def test_kv_cache_logits_equal_full_forward(attn, pos):
     cache = KVCache(model.config.n_layer)
     parts = [model(idx[:, :4], cache=cache)[0], model(idx[:, 4:12], cache=cache)[0]]
     assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-5)
+    # reset forgets the tokens, keeps the buffers: the same logits again
+    cache.reset()
+    assert len(cache) == 0 and torch.allclose(model(idx[:, :7], cache=cache)[0], full[:, :7], atol=1e-5)
 
 
 @pytest.mark.parametrize('attn', ['standard', 'coupled', 'diff+invertible'])
