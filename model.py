@@ -311,9 +311,11 @@ class KVCache:
         self.layers = [None] * n_layer  # (keys, values) buffers, (B, nh, capacity, hs)
         self.sizes = [0] * n_layer
         # A new token's logits are one row times the (vocab, n_embd) output embedding: a matrix-vector product,
-        # bound by reading the weight. BLAS reads it up to 2x faster stored column by column (MKL on AMD CPUs),
-        # so generation keeps such a copy: the transpose of a contiguous (n_embd, vocab) tensor, for F.linear.
-        self.lm_head = None if lm_head is None else lm_head.detach().t().contiguous().t()
+        # bound by reading the weight. In float32 on a CPU, BLAS reads it up to 2x faster stored column by column
+        # (MKL on AMD), so generation keeps such a copy: the transpose of a contiguous (n_embd, vocab) tensor.
+        # (Under autocast the weight itself is better: autocast casts it once and oneDNN reads it fast.)
+        fp32_cpu = lm_head is not None and lm_head.device.type == 'cpu' and not torch.is_autocast_enabled('cpu')
+        self.lm_head = lm_head.detach().t().contiguous().t() if fp32_cpu else None
 
     def reset(self):  # forget every token, keep the buffers (generation refills a full window this way)
         self.sizes = [0] * len(self.sizes)

@@ -330,6 +330,15 @@ def test_kv_cache_logits_equal_full_forward(attn, pos):
     assert len(cache) == 0 and torch.allclose(model(idx[:, :7], cache=cache)[0], full[:, :7], atol=1e-5)
 
 
+def test_kv_cache_keeps_a_column_major_output_embedding_in_float32_only():
+    model = build('standard').eval()
+    w = model.lm_head.weight
+    copy = KVCache(model.config.n_layer, w).lm_head  # read column by column by one-row products (see KVCache)
+    assert torch.equal(copy, w) and copy.t().is_contiguous() and copy.data_ptr() != w.data_ptr()
+    with torch.autocast('cpu', dtype=torch.bfloat16):  # autocast casts the weight once; a copy it would cast per token
+        assert KVCache(model.config.n_layer, w).lm_head is None
+
+
 @pytest.mark.parametrize('attn', ['standard', 'coupled', 'diff+invertible'])
 def test_generate_with_cache_equals_recomputing(attn):
     model = build(attn).eval()
