@@ -208,14 +208,14 @@ class LeapfrogStep(torch.autograd.Function):
         c = -0.5 * dt * a
         gg1 = torch.bmm(W, gk1.transpose(1, 2))                    # k1 = kh + W^T g1: (nh, m, N)
         gz1 = gg1 * c * silu_grad2(z1)                             # g1 = c silu'(z1)
-        gq1 = gq1 + torch.bmm(gz1.transpose(1, 2), W)              # z1 = W q1 + b: q1's total gradient, its layout
+        gq1 = torch.baddbmm(gq1, gz1.transpose(1, 2), W)           # z1 = W q1 + b: q1's total gradient (contiguous)
         gk = torch.addcmul(gk1, dt, gq1)                           # q1 = q + dt kh; kh's gradient is k's
         gg0 = torch.bmm(W, gk.transpose(1, 2))                     # kh = k + W^T g0
         gz0 = gg0 * c * silu_grad2(z0)
         gc = (silu_backward(gg1, z1) + silu_backward(gg0, z0)).sum(2, keepdim=True)  # c in g0 and g1
         gdt = (gq1 * kh).sum((1, 2)).view_as(dt) - 0.5 * (a * gc).sum(1, keepdim=True)  # dt in q1 and in c
         gW = torch.bmm(g1, gk1).baddbmm_(g0, gk).baddbmm_(gz1, q1).baddbmm_(gz0, q)
-        gq = gq1.baddbmm_(gz0.transpose(1, 2), W)                  # z0 = W q + b
+        gq = gq1.baddbmm_(gz0.transpose(1, 2), W)                  # z0 = W q + b (in place: one batched product)
         return gq, gk, gW, (gz0 + gz1).sum(2, keepdim=True), -0.5 * dt * gc, gdt
 
 
