@@ -265,8 +265,8 @@ for (v, mode), r in results.items():
           f"{r['ratio_vs_standard']:>13.3f}{flop:>12}")
 for r in records:
     if 'cache_speedup' in r:
-        print(f"{r['attn']}: KV cache generates {args.new_tokens} tokens {r['cache_speedup']:.1f}x faster "
-              f"than recomputing the context (a full forward pass per new token)")
+        print(f"{r['attn']}: KV cache generates {args.new_tokens} tokens {r['cache_speedup']:.1f}x as fast "
+              f"as recomputing the context (a full forward pass per new token)")
 print("FLOP model: vs standard, " + ', '.join(f"{v} {100 * (e - 1):+.2f}%" for v, e in flop_ratio.items()
                                              if v != 'standard')
       + " to a training step (matmuls, attention, and the dynamics' elementwise work; a perfect implementation's "
