@@ -1,11 +1,14 @@
 """
-Time attention variants against standard attention: a training step, a forward pass, and generation with the
-KV cache vs recomputing the context. Variants run interleaved (A B B A ...) after a warm-up; medians reported.
+Two jobs. First, time attention variants against standard attention: a training step, a forward pass, and
+generation with the KV cache vs recomputing the context; variants run interleaved (A B B A ...) after a warm-up,
+medians reported, next to a FLOP model of what a perfect implementation would pay. Second, with --report,
+tabulate finished train.py runs (full-split perplexity over seeds, the coupling diagnostic) and plot their curves.
 
   python bench.py                                              # standard vs coupled, small preset, CPU-friendly
   python bench.py --preset=60m --batch_size=4 --block_size=256 --attn=standard,coupled,euler,uncoupled
   python bench.py --preset=60m --device=cuda --compile=True --dtype=bfloat16 --batch_size=16 --block_size=1024
-  python bench.py --report=runs/shakespeare --plot=curves.png  # table (and learning curves) of train.py runs
+  python bench.py --report=runs --plot=curves.png    # table (and learning curves) of the train.py runs under runs/
+  python bench.py --report=out-standard,out-coupled   # or of any run folders
 """
 import argparse
 import ctypes
@@ -26,33 +29,60 @@ from model import ATTN, PRESETS, GPT, GPTConfig
 MODES = ('train', 'forward', 'generate')
 
 
-def report(root, plot):
-    """Final validation perplexity of the train.py runs in root/[<corpus>/]<label>-s<seed>/metrics.jsonl: mean and
-    spread over seeds, change against standard on the same corpus; optionally learning curves (needs matplotlib)."""
-    runs = {}  # (corpus, label) -> [evals of each seed]
-    paths = glob.glob(os.path.join(root, '*', 'metrics.jsonl'))
-    paths += glob.glob(os.path.join(root, '*', '*', 'metrics.jsonl'))
-    for path in sorted(paths):
-        corpus = os.path.relpath(os.path.dirname(os.path.dirname(path)), root)
-        label = os.path.basename(os.path.dirname(path)).rpartition('-s')[0]
-        log = [json.loads(line) for line in open(path)]
-        evals = [e for e in log if e['event'] == 'eval']
-        config = log[0].get('config', {}) if log else {}
-        if evals and (evals[-1]['iter'] >= config.get('max_iters', 0) or config.get('time_budget', 0) > 0):
-            runs.setdefault((corpus, label), []).append(evals)  # finished runs only
+def load_runs(folders):
+    """Every finished train.py run in or under the given folders: {(corpus, label): [run, ...]}. A run is labeled by
+    its folder's name without a '-s<seed>' suffix, or, where the name says nothing (out, out-coupled...), by its
+    attn; its corpus is the dataset it trained on."""
+    runs = {}
+    paths = sorted({p for f in folders for p in glob.glob(os.path.join(f, '**', 'metrics.jsonl'), recursive=True)})
+    for path in paths:
+        log = []
+        for i, line in enumerate(open(path), 1):
+            try:
+                log.append(json.loads(line))
+            except ValueError:
+                print(f"warning: {path}:{i} is not a JSON line (a run killed while writing?); skipped", file=sys.stderr)
+        start = [r for r in log if r.get('event') == 'start']
+        final = [r for r in log if r.get('event') == 'final']
+        if not start or not final:
+            print(f"note: {path} is not a finished run; left out", file=sys.stderr)
+            continue
+        cfg, name = start[-1]['config'], os.path.basename(os.path.dirname(os.path.abspath(path)))
+        label, _, seed = name.rpartition('-s')
+        if not (label and seed.isdigit()):
+            label = cfg['attn']
+            for prefix in ('out-', 'out_', 'out'):
+                if name.startswith(prefix) and name[len(prefix):].split('-')[0] in ATTN:
+                    label = name[len(prefix):]
+                    break
+        evals = [r for r in log if r.get('event') == 'eval']
+        runs.setdefault((cfg['dataset'], label), []).append(dict(final=final[-1], evals=evals, config=cfg,
+                                                                  ms=[r['ms'] for r in log if r.get('event') == 'train']))
+    return runs
+
+
+def report(folders, plot):
+    """Full-split validation perplexity of train.py runs: mean and spread over seeds, change against standard on the
+    same corpus, the coupling diagnostic at the end; optionally learning curves (needs matplotlib)."""
+    runs = load_runs(folders)
     if not runs:
-        sys.exit(f"error: no finished runs under {root}; train with --out_dir={root}/<corpus>/<label>-s<seed>")
-    ppl = {k: [math.exp(r[-1]['val_loss']) for r in v] for k, v in runs.items()}
-    print("| corpus | variant | seeds | val ppl (mean +- std) | vs standard | tokens | train time |\n"
-          "|---|---|---|---|---|---|---|")
+        sys.exit(f"error: no finished train.py runs in {', '.join(folders)}; name run folders (--out_dir of train.py)")
+    ppl = {k: [r['final']['val_ppl'] for r in v] for k, v in runs.items()}
+    print("| corpus | variant | seeds | val ppl (full split, mean +- std) | vs standard | nonlinear | dt | tokens "
+          "| ms/iter |\n|---|---|---|---|---|---|---|---|---|")
     for corpus, label in sorted(ppl, key=lambda k: (k[0], k[1] != 'standard', statistics.mean(ppl[k]))):
         p, base = ppl[(corpus, label)], ppl.get((corpus, 'standard'))
         mean = statistics.mean(p)
         spread = f"{mean:.3f} +- {statistics.stdev(p):.3f}" if len(p) > 1 else f"{mean:.3f}"
         rel = f"{100 * (mean / statistics.mean(base) - 1):+.1f}%" if base else '-'
-        last = [r[-1] for r in runs[(corpus, label)]]
-        print(f"| {corpus} | {label} | {len(p)} | {spread} | {rel} | {last[0]['tokens']:,} | "
-              f"{statistics.median(e['time'] for e in last):.0f} s |")
+        qk = [r['evals'][-1].get('qk') for r in runs[(corpus, label)] if r['evals']]
+        nonlin = [statistics.median(s['nonlinear'] for s in q) for q in qk if q]
+        dts = [statistics.mean(d for s in q for d in s.get('dt', [])) for q in qk if q and 'dt' in q[0]]
+        ms = statistics.median(m for r in runs[(corpus, label)] for m in r['ms'][1:] or r['ms'] or [0])
+        print(f"| {corpus} | {label} | {len(p)} | {spread} | {rel} | "
+              f"{f'{100 * statistics.mean(nonlin):.2f}%' if nonlin else '-'} | "
+              f"{f'{statistics.mean(dts):.3f}' if dts else '-'} | {runs[(corpus, label)][0]['final']['tokens']:,} | "
+              f"{ms:.0f} |")
     if plot:
         try:
             import matplotlib
@@ -65,15 +95,15 @@ def report(root, plot):
         for ax, corpus in zip(axes[0], corpora):
             for label, color in (('standard', 'tab:blue'), ('coupled', 'tab:red')):
                 for i, r in enumerate(runs.get((corpus, label), [])):
-                    ax.plot([e['iter'] for e in r[1:]], [math.exp(e['val_loss']) for e in r[1:]], color=color,
-                            alpha=0.6, marker='.', label=label if i == 0 else None)
+                    ax.plot([e['iter'] for e in r['evals'][1:]], [math.exp(e['val_loss']) for e in r['evals'][1:]],
+                            color=color, alpha=0.6, marker='.', label=label if i == 0 else None)
             ax.set(xlabel='iteration', title=corpus)
             ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel('validation perplexity')
+        axes[0][0].set_ylabel('validation perplexity (estimate)')
         axes[0][0].legend()
         fig.tight_layout()
         fig.savefig(plot, dpi=100)
-        print(f"wrote {plot}")
+        print(f"wrote {plot}", file=sys.stderr)
 
 
 class Parser(argparse.ArgumentParser):
@@ -89,6 +119,7 @@ p.add_argument('--batch_size', type=int, default=4)
 p.add_argument('--block_size', type=int, default=256)
 p.add_argument('--vocab_size', type=int, default=50257, help='GPT-2 by default, as in the paper')
 p.add_argument('--qk_steps', type=int, default=1)
+p.add_argument('--qk_hidden', type=int, default=GPTConfig.qk_hidden, help='hidden width of the potential')
 p.add_argument('--new_tokens', type=int, default=256, help='tokens generated in --mode=generate')
 p.add_argument('--iters', type=int, default=6, help='timed rounds per (variant, mode); generation: fewer')
 p.add_argument('--warmup', type=int, default=3, help='untimed rounds first (CPU: the heap settles)')
@@ -96,12 +127,19 @@ p.add_argument('--device', default='auto')
 p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16', 'float16'])
 p.add_argument('--compile', default='False', choices=['True', 'False'])
 p.add_argument('--json_out', default='', help='write one JSON record per (variant, mode) to this file')
-p.add_argument('--report', default='', help='instead of timing: tabulate the train.py runs under this folder')
+p.add_argument('--report', default='', help='instead of timing: tabulate train.py runs in or under these '
+                                           'comma-separated folders')
 p.add_argument('--plot', default='', help='with --report: write learning curves of standard vs coupled here')
 args = p.parse_args()
 if args.report:
-    report(args.report, args.plot)
+    report(args.report.split(','), args.plot)
     sys.exit(0)
+for name, low in (('iters', 1), ('warmup', 0), ('batch_size', 1), ('block_size', 1), ('new_tokens', 1),
+                  ('vocab_size', 2), ('qk_steps', 1)):
+    if getattr(args, name) < low:
+        p.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
+if args.json_out and not os.path.isdir(os.path.dirname(os.path.abspath(args.json_out))):
+    p.error(f"--json_out={args.json_out}: its folder does not exist; create it first (nothing was timed)")
 variants, modes = args.attn.split(','), args.mode.split(',')
 for v in variants:
     if v not in ATTN:
@@ -150,7 +188,7 @@ def make(attn):
     torch.manual_seed(0)
     try:
         cfg = GPTConfig(attn=attn, block_size=gen_block, vocab_size=args.vocab_size, qk_steps=args.qk_steps,
-                        **PRESETS[args.preset])
+                        qk_hidden=args.qk_hidden, **PRESETS[args.preset])
     except ValueError as e:
         p.error(str(e))
     model = GPT(cfg, verbose=False)

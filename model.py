@@ -9,7 +9,9 @@ Every attention variant of the paper lives here behind one config field, `attn`:
   invertible          affine couplings k <- k*exp(s1(q)) + t1(q), q <- q*exp(s2(k)) + t2(k) (paper v2)
   diff                Differential Attention (Ye et al. 2024)
   diff+<transform>    one of the q/k transforms above applied to each sub-head pair inside diff
-See ../shared/METHOD.md (and the README) for which parts are the paper's and which are our reading.
+The README's "Our reading of the paper" says which parts are the paper's and which are our choices.
+File order: config; the q/k transforms (the paper's idea); attention, block, GPT; generation; the coupling
+diagnostic; last, the fast path of the leapfrog step (the same map with a hand-written backward).
 """
 
 import math
@@ -30,7 +32,6 @@ PRESETS = {
     '150m': dict(n_layer=16, n_head=12, n_embd=768),
     '350m': dict(n_layer=24, n_head=16, n_embd=1024),
 }
-DT_INIT = 0.1  # initial step size of every head's dynamics (our choice; the paper does not say)
 
 
 @dataclass
@@ -45,6 +46,8 @@ class GPTConfig:
     attn: str = 'standard'   # one of ATTN
     qk_steps: int = 1        # integration steps (coupled, euler) or repeats of the map (uncoupled, invertible)
     qk_hidden: int = 8       # hidden width m of the potential V; uncoupled/invertible nets use m // 4 (same params)
+    qk_scale: float = 0.0    # spread of the q/k nets' pre-activations at init (0: weights ~ N(0, 1/head_size))
+    qk_dt: float = 0.1       # initial step size dt of every head's dynamics (our choice; the paper does not say)
     pos: str = 'learned'     # 'learned' absolute positions, or 'rope' (rotary, applied after the q/k dynamics)
 
     def __post_init__(self):
@@ -60,6 +63,7 @@ class GPTConfig:
               f"{[h for h in range(1, 33) if self.n_embd % h == 0]}")
         check(1 <= self.qk_steps <= 7, f"qk_steps must be in 1..7 (the paper's range), got {self.qk_steps}")
         check(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
+        check(self.qk_scale >= 0, f"qk_scale must be >= 0 (0: the plain initialization), got {self.qk_scale}")
         if self.attn.startswith('diff'):
             check(self.n_head % 2 == 0, f"attn={self.attn} pairs heads into sub-heads: n_head must be even, "
                   f"got {self.n_head}")
@@ -86,9 +90,9 @@ class LayerNorm(nn.Module):
 class HeadMLP(nn.Module):
     """A separate two-layer SiLU net per head: x (B, nh, T, d_in) -> c_proj silu(c_fc x + bias) (B, nh, T, d_out)."""
 
-    def __init__(self, n_head, d_in, hidden, d_out, zero_out=False):
+    def __init__(self, n_head, d_in, hidden, d_out, zero_out=False, in_std=None):
         super().__init__()
-        self.c_fc = nn.Parameter(torch.randn(n_head, hidden, d_in) / math.sqrt(d_in))
+        self.c_fc = nn.Parameter(torch.randn(n_head, hidden, d_in) * (in_std or 1 / math.sqrt(d_in)))
         self.bias = nn.Parameter(torch.zeros(n_head, 1, hidden))
         self.c_proj = nn.Parameter(torch.zeros(n_head, d_out, hidden) if zero_out
                                    else torch.randn(n_head, d_out, hidden) / math.sqrt(hidden))
@@ -105,25 +109,17 @@ def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
     return s * (1 + z * (1 - s))
 
 
-def silu_grad2(z):  # silu''(z) = s (1 - s) (2 + z (1 - 2 s))
-    s = torch.sigmoid(z)
-    return s * (1 - s) * (2 + z * (1 - 2 * s))
-
-
-silu_backward = torch.ops.aten.silu_backward  # silu_backward(g, z) = g silu'(z) in one kernel: SiLU's own backward
-
-
 class Hamiltonian(nn.Module):
     """
     Query = position, key = momentum: H(q, k) = 1/2 |k|^2 + V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head.
     integrator 'leapfrog' (attn=coupled) or 'euler'; step size dt learned per head.
     """
-    fused = True  # leapfrog through LeapfrogStep: the same map with a hand-written backward (False: the loop below)
+    fused = True  # leapfrog through the fast path at the end of this file (the same map); False: the loop below
 
-    def __init__(self, n_head, head_size, hidden, steps, integrator):
+    def __init__(self, n_head, head_size, hidden, steps, integrator, dt=0.1, in_std=None):
         super().__init__()
-        self.V = HeadMLP(n_head, head_size, hidden, 1)  # c_fc = w (nh, m, hs), bias = b, c_proj = a (nh, 1, m)
-        self.dt = nn.Parameter(torch.full((n_head,), DT_INIT))
+        self.V = HeadMLP(n_head, head_size, hidden, 1, in_std=in_std)  # c_fc = w (nh, m, hs), bias b, c_proj a (nh, 1, m)
+        self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
         self.steps, self.integrator = steps, integrator
 
     def potential(self, q):  # V(q): (B, nh, T, hs) -> (B, nh, T)
@@ -141,92 +137,33 @@ class Hamiltonian(nn.Module):
     def forward(self, q, k, dt=None):
         dt = (self.dt if dt is None else dt).view(-1, 1, 1)       # (nh, 1, 1)
         if self.integrator == 'leapfrog' and self.fused:
-            return self.leapfrog_fused(q, k, dt)
+            return leapfrog_fused(self, q, k, dt)
         if self.integrator == 'euler':
             for _ in range(self.steps):
-                q, k = torch.addcmul(q, dt, k), k + self.force(q, dt)  # q, k = q + dt k, k + dt F(q)
+                q, k = q + dt * k, k + self.force(q, dt)          # q, k = q + dt k, k + dt F(q): both from the old state
             return q, k
         kick = self.force(q, 0.5 * dt)
         for _ in range(self.steps):  # kick-drift-kick; the force at the end of a step starts the next one
-            k = k + kick                                          # k += dt/2 F(q)
-            q = torch.addcmul(q, dt, k)                           # q += dt k
+            k = k + kick                                          # kick:  k += dt/2 F(q)
+            q = q + dt * k                                        # drift: q += dt k
             kick = self.force(q, 0.5 * dt)
-            k = k + kick                                          # k += dt/2 F(q)
+            k = k + kick                                          # kick:  k += dt/2 F(q)
         return q, k
-
-    def leapfrog_fused(self, q, k, dt):
-        B, nh, T, hs = q.shape  # -> (nh, B*T, hs): all tokens of a head in one matrix; a view of c_attn's output
-        q, k = q.transpose(0, 1).reshape(nh, B * T, hs), k.transpose(0, 1).reshape(nh, B * T, hs)
-        W, b, a = self.V.c_fc, self.V.bias.transpose(1, 2), self.V.c_proj.transpose(1, 2)
-        for _ in range(self.steps):
-            if torch.is_grad_enabled():
-                q, k = LeapfrogStep.apply(q, k, W, b, a, dt)
-            else:  # inference, e.g. generation one token at a time: the same step without autograd's bookkeeping
-                q, k, _ = LeapfrogStep.step(q, k, W, b, a, dt)
-        return q.view(nh, B, T, hs).transpose(0, 1), k.view(nh, B, T, hs).transpose(0, 1)  # (B, nh, T, hs) views
 
     def inverse(self, q, k):
         if self.integrator != 'leapfrog':
-            raise ValueError("only the leapfrog integrator is exactly invertible; euler is not")
+            raise ValueError("only leapfrog is time-reversible (run with -dt to return); euler's inverse is implicit")
         return self(q, k, dt=-self.dt)  # leapfrog is time-reversible: integrating with -dt returns
-
-
-class LeapfrogStep(torch.autograd.Function):
-    """
-    One kick-drift-kick step of all heads at once, with the forces kept in the m-wide hidden space and a
-    hand-derived backward: the map of Hamiltonian's loop (test_model.py checks values and gradients) in fewer
-    passes over hs-wide memory than autograd through the loop, and those passes are what the dynamics cost.
-        k += dt/2 F(q);  q += dt k;  k += dt/2 F(q)      with dt/2 F(q) = W^T g,  g = c silu'(W q + b),  c = -dt/2 a
-    q, k (nh, N, hs); W (nh, m, hs); b, a (nh, m, 1); dt (nh, 1, 1); hidden z, g (nh, m, N).
-    """
-
-    @staticmethod
-    def step(q, k, W, b, a, dt):  # the forward's arithmetic, also inference's path: q1, k1 and what backward needs
-        if torch.is_autocast_enabled(q.device.type):  # one dtype throughout: that of q, k
-            with torch.autocast(q.device.type, enabled=False):
-                return LeapfrogStep.step(q, k, W.to(q.dtype), b.to(q.dtype), a.to(q.dtype), dt.to(q.dtype))
-        c = -0.5 * dt * a
-        z0 = torch.baddbmm(b, W, q.transpose(1, 2))        # z = W q + b
-        g0 = silu_backward(c, z0)                          # g = c silu'(z)
-        kh = torch.baddbmm(k, g0.transpose(1, 2), W)       # k + dt/2 F(q)
-        q1 = torch.addcmul(q, dt, kh)                      # q + dt k
-        z1 = torch.baddbmm(b, W, q1.transpose(1, 2))
-        g1 = silu_backward(c, z1)
-        k1 = torch.baddbmm(kh, g1.transpose(1, 2), W)      # k + dt/2 F(q1)
-        return q1, k1, (kh, z0, z1, g0, g1)
-
-    @staticmethod
-    def forward(ctx, q, k, W, b, a, dt):
-        q1, k1, saved = LeapfrogStep.step(q, k, W, b, a, dt)
-        ctx.save_for_backward(q, q1, W, a, dt, *saved)
-        return q1, k1
-
-    @staticmethod
-    def backward(ctx, gq1, gk1):  # gx = dLoss/dx; the chain rule through step(), last line first
-        q, q1, W, a, dt, kh, z0, z1, g0, g1 = ctx.saved_tensors
-        W, a, dt = W.to(q.dtype), a.to(q.dtype), dt.to(q.dtype)  # autocast: compute in the dtype of q, k
-        c = -0.5 * dt * a
-        gg1 = torch.bmm(W, gk1.transpose(1, 2))                    # k1 = kh + W^T g1: (nh, m, N)
-        gz1 = gg1 * c * silu_grad2(z1)                             # g1 = c silu'(z1)
-        gq1 = torch.baddbmm(gq1, gz1.transpose(1, 2), W)           # z1 = W q1 + b: q1's total gradient (contiguous)
-        gk = torch.addcmul(gk1, dt, gq1)                           # q1 = q + dt kh; kh's gradient is k's
-        gg0 = torch.bmm(W, gk.transpose(1, 2))                     # kh = k + W^T g0
-        gz0 = gg0 * c * silu_grad2(z0)
-        gc = (silu_backward(gg1, z1) + silu_backward(gg0, z0)).sum(2, keepdim=True)  # c in g0 and g1
-        gdt = (gq1 * kh).sum((1, 2)).view_as(dt) - 0.5 * (a * gc).sum(1, keepdim=True)  # dt in q1 and in c
-        gW = torch.bmm(g1, gk1).baddbmm_(g0, gk).baddbmm_(gz1, q1).baddbmm_(gz0, q)
-        gq = gq1.baddbmm_(gz0.transpose(1, 2), W)                  # z0 = W q + b (in place: one batched product)
-        return gq, gk, gW, (gz0 + gz1).sum(2, keepdim=True), -0.5 * dt * gc, gdt
 
 
 class Uncoupled(nn.Module):
     """Matched-capacity baseline: q += dt g_q(q), k += dt g_k(k); each stream sees only itself."""
 
-    def __init__(self, n_head, head_size, hidden, steps):
+    def __init__(self, n_head, head_size, hidden, steps, dt=0.1, in_std=None):
         super().__init__()
-        self.g_q = HeadMLP(n_head, head_size, hidden, head_size)
-        self.g_k = HeadMLP(n_head, head_size, hidden, head_size)
-        self.dt = nn.Parameter(torch.full((n_head,), DT_INIT))
+        self.g_q = HeadMLP(n_head, head_size, hidden, head_size, in_std=in_std)
+        self.g_k = HeadMLP(n_head, head_size, hidden, head_size, in_std=in_std)
+        self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
         self.steps = steps
 
     def forward(self, q, k):
@@ -240,10 +177,10 @@ class Invertible(nn.Module):
     """RealNVP-style coupling of the halves (q, k), identity at initialization:
     k <- k exp(s1(q)) + t1(q);  q <- q exp(s2(k)) + t2(k)."""
 
-    def __init__(self, n_head, head_size, hidden, steps):
+    def __init__(self, n_head, head_size, hidden, steps, in_std=None):
         super().__init__()
-        self.st1 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True)  # q -> (s1, t1)
-        self.st2 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True)  # k -> (s2, t2)
+        self.st1 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, in_std=in_std)  # q -> (s1, t1)
+        self.st2 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, in_std=in_std)  # k -> (s2, t2)
         self.steps = steps
 
     @staticmethod
@@ -270,15 +207,18 @@ class Invertible(nn.Module):
 
 def qk_transform(name, n_head, head_size, config):
     """The q/k map of one layer, or None for plain attention. n_head counts the (sub-)heads that own a q, k pair."""
-    m, n = config.qk_hidden, config.qk_steps
+    m, n, dt = config.qk_hidden, config.qk_steps, config.qk_dt
+    # q, k entries start with spread 0.02 sqrt(n_embd) (LayerNorm'd x through c_attn at std 0.02): a first layer
+    # of std qk_scale / (0.02 sqrt(n_embd hs)) gives pre-activations w . q of spread qk_scale at initialization
+    in_std = config.qk_scale / (0.02 * math.sqrt(config.n_embd * head_size)) if config.qk_scale > 0 else None
     if name == 'coupled':
-        return Hamiltonian(n_head, head_size, m, n, 'leapfrog')
+        return Hamiltonian(n_head, head_size, m, n, 'leapfrog', dt, in_std)
     if name == 'euler':
-        return Hamiltonian(n_head, head_size, m, n, 'euler')
+        return Hamiltonian(n_head, head_size, m, n, 'euler', dt, in_std)
     if name == 'uncoupled':  # 4 h hs + 2h + nh params/head vs the potential's m hs + 2m + 1: h = m/4 matches
-        return Uncoupled(n_head, head_size, max(1, m // 4), n)
+        return Uncoupled(n_head, head_size, max(1, m // 4), n, dt, in_std)
     if name == 'invertible':
-        return Invertible(n_head, head_size, max(1, m // 4), n)
+        return Invertible(n_head, head_size, max(1, m // 4), n, in_std)
     return None
 
 
@@ -299,44 +239,6 @@ class Rotary(nn.Module):
         x1, x2 = x.chunk(2, dim=-1)
         cos, sin = self.cos[start:start + T].to(x.dtype), self.sin[start:start + T].to(x.dtype)
         return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
-class KVCache:
-    """
-    Per layer, the keys (already evolved and rotated) and values of every token seen so far, in buffers that grow
-    by doubling: a new token is a write, not a copy of the whole cache. For inference: the writes are in place.
-    """
-
-    def __init__(self, n_layer, lm_head=None):
-        self.layers = [None] * n_layer  # (keys, values) buffers, (B, nh, capacity, hs)
-        self.sizes = [0] * n_layer
-        # A new token's logits are one row times the (vocab, n_embd) output embedding: a matrix-vector product,
-        # bound by reading the weight. In float32 on a CPU, BLAS reads it up to 2x faster stored column by column
-        # (MKL on AMD), so generation keeps such a copy: the transpose of a contiguous (n_embd, vocab) tensor.
-        # (Under autocast the weight itself is better: autocast casts it once and oneDNN reads it fast.)
-        fp32_cpu = lm_head is not None and lm_head.device.type == 'cpu' and not torch.is_autocast_enabled('cpu')
-        self.lm_head = lm_head.detach().t().contiguous().t() if fp32_cpu else None
-
-    def reset(self):  # forget every token, keep the buffers (generation refills a full window this way)
-        self.sizes = [0] * len(self.sizes)
-
-    def __len__(self):  # tokens cached (by the first layer; a forward pass updates the layers in turn)
-        return self.sizes[0]
-
-    def size(self, i):  # tokens cached by layer i
-        return self.sizes[i]
-
-    def update(self, i, k, v):  # append this step's (B, nh, T, hs) keys/values, return all of them
-        n, T = self.sizes[i], k.size(2)
-        if self.layers[i] is None or n + T > self.layers[i][0].size(2):
-            grown = [x.new_empty(x.shape[:2] + (2 * (n + T),) + x.shape[3:]) for x in (k, v)]
-            for new, old in zip(grown, self.layers[i] or ()):
-                new[:, :, :n] = old[:, :, :n]
-            self.layers[i] = grown
-        keys, values = self.layers[i]
-        keys[:, :, n:n + T], values[:, :, n:n + T] = k, v
-        self.sizes[i] = n + T
-        return keys[:, :, :n + T], values[:, :, :n + T]
 
 
 class CausalSelfAttention(nn.Module):
@@ -478,19 +380,20 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x, cache)
         x = self.transformer.ln_f(x)
-        logits = self.lm_head(x) if cache is None or cache.lm_head is None else F.linear(x, cache.lm_head)
+        logits = self.lm_head(x)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        # weight decay on matrices (Linear, Embedding, the per-head nets' c_fc/c_proj); not on biases, gains,
-        # step sizes dt or diff's lambda vectors
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, qk_decay=True):
+        # weight decay on matrices (Linear, Embedding, and with qk_decay the q/k nets' c_fc/c_proj); not on biases,
+        # gains, step sizes dt or diff's lambda vectors
         decay, no_decay = [], []
         for n, p in self.named_parameters():
             if p.requires_grad:
-                (decay if p.dim() >= 2 and not n.endswith('bias') else no_decay).append(p)
+                (decay if p.dim() >= 2 and not n.endswith('bias') and (qk_decay or '.qk.' not in n)
+                 else no_decay).append(p)
         groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
 
@@ -501,7 +404,7 @@ class GPT(nn.Module):
         work: the evolved keys and the values are cached. temperature=0 picks the most likely token.
         """
         bs = self.config.block_size
-        cache = KVCache(self.config.n_layer, self.lm_head.weight) if use_cache else None
+        cache = KVCache(self.config.n_layer) if use_cache else None
         for step in range(max_new_tokens):
             if not use_cache:
                 logits, _ = self(idx[:, -bs:])
@@ -522,3 +425,142 @@ class GPT(nn.Module):
                 idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
+
+
+# --------------------------------------------------------------------------------------------------------------
+# generation
+
+class KVCache:
+    """
+    Per layer, the keys (already evolved and rotated) and values of every token seen so far, in buffers that grow
+    by doubling: a new token is a write, not a copy of the whole cache. For inference: the writes are in place.
+    """
+
+    def __init__(self, n_layer):
+        self.layers = [None] * n_layer  # (keys, values) buffers, (B, nh, capacity, hs)
+        self.sizes = [0] * n_layer
+
+    def reset(self):  # forget every token, keep the buffers (generation refills a full window this way)
+        self.sizes = [0] * len(self.sizes)
+
+    def __len__(self):  # tokens cached (by the first layer; a forward pass updates the layers in turn)
+        return self.sizes[0]
+
+    def size(self, i):  # tokens cached by layer i
+        return self.sizes[i]
+
+    def update(self, i, k, v):  # append this step's (B, nh, T, hs) keys/values, return all of them
+        n, T = self.sizes[i], k.size(2)
+        if self.layers[i] is None or n + T > self.layers[i][0].size(2):
+            grown = [x.new_empty(x.shape[:2] + (2 * (n + T),) + x.shape[3:]) for x in (k, v)]
+            for new, old in zip(grown, self.layers[i] or ()):
+                new[:, :, :n] = old[:, :, :n]
+            self.layers[i] = grown
+        keys, values = self.layers[i]
+        keys[:, :, n:n + T], values[:, :, n:n + T] = k, v
+        self.sizes[i] = n + T
+        return keys[:, :, :n + T], values[:, :, :n + T]
+
+
+@torch.no_grad()
+def qk_diagnostics(model, idx):
+    """
+    How much, and how nonlinearly, each layer's q/k map moves real tokens idx (B, T). Per layer (and head):
+      dq = |q' - q| / |q|,  dk = |k' - k| / |k|,
+      nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)|   (least squares per head, over all tokens)
+    A linear map (dt = 0, or a potential in SiLU's straight range) gives nonlinear ~ 0: W_q, W_k could absorb it.
+    """
+    seen = []  # (q, k, q', k') of every q/k map, in layer order
+    hooks = [blk.attn.qk.register_forward_hook(lambda mod, inp, out: seen.append((*inp[:2], *out)))
+             for blk in model.transformer.h if blk.attn.qk is not None]
+    training = model.training
+    model.eval()
+    try:
+        model(idx)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(training)
+    stats = []
+    for q, k, q1, k1 in seen:  # (B, nh, T, hs) -> per head (nh, N, 2 hs), in float64
+        x, y = (torch.cat(p, -1).double().transpose(0, 1).flatten(1, 2) for p in ((q, k), (q1, k1)))
+        x1 = torch.cat((x, torch.ones_like(x[..., :1])), -1)           # affine: [q, k, 1]
+        resid = y - x1 @ torch.linalg.lstsq(x1, y).solution            # (nh, N, 2 hs)
+        hs = q.size(-1)
+        rel = lambda a, b: ((a - b).norm() / b.norm()).item()
+        stats.append(dict(dq=rel(y[..., :hs], x[..., :hs]), dk=rel(y[..., hs:], x[..., hs:]),
+                          nonlinear=(resid.norm() / x.norm()).item(),
+                          nonlinear_heads=(resid.norm(dim=(1, 2)) / x.norm(dim=(1, 2))).tolist()))
+    return stats
+
+
+# ================================================================================================================
+# The fast path (Hamiltonian.fused = True, the default): the leapfrog map above, with fewer passes over memory.
+# It changes no number the readable loop computes; test_model.py checks values and gradients against the loop.
+
+def silu_grad2(z):  # silu''(z) = s (1 - s) (2 + z (1 - 2 s))
+    s = torch.sigmoid(z)
+    return s * (1 - s) * (2 + z * (1 - 2 * s))
+
+
+silu_backward = torch.ops.aten.silu_backward  # silu_backward(g, z) = g silu'(z) in one kernel: SiLU's own backward
+
+
+def leapfrog_fused(h, q, k, dt):  # Hamiltonian h's leapfrog, all heads at once
+    B, nh, T, hs = q.shape  # -> (nh, B*T, hs): all tokens of a head in one matrix; a view of c_attn's output
+    q, k = q.transpose(0, 1).reshape(nh, B * T, hs), k.transpose(0, 1).reshape(nh, B * T, hs)
+    W, b, a = h.V.c_fc, h.V.bias.transpose(1, 2), h.V.c_proj.transpose(1, 2)
+    for _ in range(h.steps):
+        if torch.is_grad_enabled():
+            q, k = LeapfrogStep.apply(q, k, W, b, a, dt)
+        else:  # inference, e.g. generation one token at a time: the same step without autograd's bookkeeping
+            q, k, _ = LeapfrogStep.step(q, k, W, b, a, dt)
+    return q.view(nh, B, T, hs).transpose(0, 1), k.view(nh, B, T, hs).transpose(0, 1)  # (B, nh, T, hs) views
+
+
+class LeapfrogStep(torch.autograd.Function):
+    """
+    One kick-drift-kick step of all heads at once, with the forces kept in the m-wide hidden space and a
+    hand-derived backward: the map of Hamiltonian's loop (test_model.py checks values and gradients) in fewer
+    passes over hs-wide memory than autograd through the loop, and those passes are what the dynamics cost.
+        k += dt/2 F(q);  q += dt k;  k += dt/2 F(q)      with dt/2 F(q) = W^T g,  g = c silu'(W q + b),  c = -dt/2 a
+    q, k (nh, N, hs); W (nh, m, hs); b, a (nh, m, 1); dt (nh, 1, 1); hidden z, g (nh, m, N).
+    """
+
+    @staticmethod
+    def step(q, k, W, b, a, dt):  # the forward's arithmetic, also inference's path: q1, k1 and what backward needs
+        if torch.is_autocast_enabled(q.device.type):  # one dtype throughout: that of q, k
+            with torch.autocast(q.device.type, enabled=False):
+                return LeapfrogStep.step(q, k, W.to(q.dtype), b.to(q.dtype), a.to(q.dtype), dt.to(q.dtype))
+        c = -0.5 * dt * a
+        z0 = torch.baddbmm(b, W, q.transpose(1, 2))        # z = W q + b
+        g0 = silu_backward(c, z0)                          # g = c silu'(z)
+        kh = torch.baddbmm(k, g0.transpose(1, 2), W)       # k + dt/2 F(q)
+        q1 = torch.addcmul(q, dt, kh)                      # q + dt k
+        z1 = torch.baddbmm(b, W, q1.transpose(1, 2))
+        g1 = silu_backward(c, z1)
+        k1 = torch.baddbmm(kh, g1.transpose(1, 2), W)      # k + dt/2 F(q1)
+        return q1, k1, (kh, z0, z1, g0, g1)
+
+    @staticmethod
+    def forward(ctx, q, k, W, b, a, dt):
+        q1, k1, saved = LeapfrogStep.step(q, k, W, b, a, dt)
+        ctx.save_for_backward(q, q1, W, a, dt, *saved)
+        return q1, k1
+
+    @staticmethod
+    def backward(ctx, gq1, gk1):  # gx = dLoss/dx; the chain rule through step(), last line first
+        q, q1, W, a, dt, kh, z0, z1, g0, g1 = ctx.saved_tensors
+        W, a, dt = W.to(q.dtype), a.to(q.dtype), dt.to(q.dtype)  # autocast: compute in the dtype of q, k
+        c = -0.5 * dt * a
+        gg1 = torch.bmm(W, gk1.transpose(1, 2))                    # k1 = kh + W^T g1: (nh, m, N)
+        gz1 = gg1 * c * silu_grad2(z1)                             # g1 = c silu'(z1)
+        gq1 = torch.baddbmm(gq1, gz1.transpose(1, 2), W)           # z1 = W q1 + b: q1's total gradient (contiguous)
+        gk = torch.addcmul(gk1, dt, gq1)                           # q1 = q + dt kh; kh's gradient is k's
+        gg0 = torch.bmm(W, gk.transpose(1, 2))                     # kh = k + W^T g0
+        gz0 = gg0 * c * silu_grad2(z0)
+        gc = (silu_backward(gg1, z1) + silu_backward(gg0, z0)).sum(2, keepdim=True)  # c in g0 and g1
+        gdt = (gq1 * kh).sum((1, 2)).view_as(dt) - 0.5 * (a * gc).sum(1, keepdim=True)  # dt in q1 and in c
+        gW = torch.bmm(g1, gk1).baddbmm_(g0, gk).baddbmm_(gz1, q1).baddbmm_(gz0, q)
+        gq = gq1.baddbmm_(gz0.transpose(1, 2), W)                  # z0 = W q + b (in place: one batched product)
+        return gq, gk, gW, (gz0 + gz1).sum(2, keepdim=True), -0.5 * dt * gc, gdt

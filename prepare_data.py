@@ -3,14 +3,18 @@ Turn a corpus into token files for train.py: data/<name>/{train,val[,test]}.bin 
 
   python prepare_data.py                          # pydocs: offline, Python's own docs, byte tokens
   python prepare_data.py shakespeare              # Tiny Shakespeare (download, 1 MB)
+  python prepare_data.py pubmed                   # 1,000 PubMed abstracts (download, 2.6 MB): the paper's domain text
+  python prepare_data.py web                      # 1,000 C4 web pages (download, 0.9 MB): the paper's web text
   python prepare_data.py wikitext103              # the paper's corpus (download, 190 MB zip), GPT-2 tokens
-  python prepare_data.py --input=PATH --name=NAME # a local .txt/.jsonl file, or a folder of them
+  python prepare_data.py web --input=c4-sample.00000-of-00001.json.gz   # offline: a local copy of the same file
+  python prepare_data.py --input=PATH --name=NAME # any local .txt/.jsonl/.jsonl.gz file, or a folder of them
 
 Documents are separated by an end-of-text token: <|endoftext|> (50256) for gpt2, 256 for bytes.
 Outputs appear atomically (temp file, then rename), meta.json last; finished work is not redone without --force.
 """
 import argparse
 import ast
+import gzip
 import hashlib
 import json
 import os
@@ -31,13 +35,21 @@ CORPORA = {
     'shakespeare': dict(tokenizer='bytes', about='Tiny Shakespeare (karpathy/char-rnn), 1.1 MB',
                         url='https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt',
                         sha256='86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed'),
+    'pubmed': dict(tokenizer='bytes', about='PubMedQA PQA-L: 1,000 PubMed abstracts (domain-coherent; the paper: -4.5%)',
+                   url='https://raw.githubusercontent.com/pubmedqa/pubmedqa/1cbae8e92f72f20c8d3747cbb3bf5bc53554d997/'
+                       'data/ori_pqal.json',
+                   sha256='8b3276be8942ebbd77f3ddcda12c1749bf0e490045a736fd8438ee40cf37a41d'),
+    'web': dict(tokenizer='bytes', about='1,000 C4 web documents (heterogeneous; the paper: +10.3%)',
+                url='https://raw.githubusercontent.com/allenai/OLMo/06c867c36986328ac31e3877faca286dba0925c3/'
+                    'test_fixtures/c4-sample.00000-of-00001.json.gz',
+                sha256='75cdeb8bacc1fd115eaf338290fc7c6ac60e48c9f88d12250511666a201eee1c'),
     'wikitext2': dict(tokenizer='gpt2', about='WikiText-2 raw (Merity et al.), train/valid/test',
                       url='https://wikitext.smerity.com/wikitext-2-raw-v1.zip', prefix='wikitext-2-raw/'),
     'wikitext103': dict(tokenizer='gpt2', about='WikiText-103 raw, the paper\'s corpus, train/valid/test',
                         url='https://wikitext.smerity.com/wikitext-103-raw-v1.zip', prefix='wikitext-103-raw/'),
 }
-OFFLINE_HINT = ("offline alternatives: `python prepare_data.py pydocs` (built in), or a local copy with "
-                "--input=PATH --name=NAME")
+OFFLINE_HINT = ("offline: `python prepare_data.py CORPUS --input=LOCAL_COPY` reads a copy of the same file, "
+                "and `python prepare_data.py pydocs` needs no download")
 
 
 class DataError(Exception):
@@ -72,10 +84,10 @@ def chunks(text, size=1 << 20):
         start = end
 
 
-def write_tokens(path, docs, tok):
-    """Tokenize docs into a temp file next to path; return (temp path, token count). The caller renames."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    n = 0
+def write_tokens(tmp, docs, tok):
+    """Tokenize docs into the file tmp (the caller renames it, or removes it on failure); return (tokens, bytes):
+    the token count, and the UTF-8 size of the text, for bits per byte."""
+    n, n_bytes = 0, 0
     with open(tmp, 'wb') as f:
         for doc in docs:
             pieces = list(chunks(doc))
@@ -83,9 +95,10 @@ def write_tokens(path, docs, tok):
                 for arr in tok['encode'](pieces[i:i + 16]):
                     f.write(arr.tobytes())
                     n += len(arr)
+            n_bytes += len(doc.encode('utf-8'))
             f.write(np.array([tok['eot']], dtype=np.uint16).tobytes())
             n += 1
-    return tmp, n
+    return n, n_bytes
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -98,7 +111,7 @@ def download(url, dest, sha256=None, attempts=3):
     tmp = f"{dest}.tmp{os.getpid()}"
     req = urllib.request.Request(url, headers={'User-Agent': 'coupled-qk-prepare-data/1.0 (python urllib)'})
     for attempt in range(1, attempts + 1):
-        try:
+        try:  # the finally below removes the temp file whatever happens (Ctrl-C included)
             with urllib.request.urlopen(req, timeout=30) as r, open(tmp, 'wb') as f:
                 total, got, t0 = int(r.headers.get('Content-Length') or 0), 0, time.time()
                 while block := r.read(1 << 20):
@@ -110,18 +123,27 @@ def download(url, dest, sha256=None, attempts=3):
             print()
             if total and got != total:
                 raise DataError(f"download of {url} stopped at {got} of {total} bytes")
-            if sha256 and hashlib.sha256(open(tmp, 'rb').read()).hexdigest() != sha256:
+            if sha256 and sha256_of(tmp) != sha256:
                 raise DataError(f"{url} does not have the expected sha256; the file changed upstream")
             os.replace(tmp, dest)
             return dest
         except (urllib.error.URLError, OSError, DataError) as e:
-            if os.path.exists(tmp):
-                os.remove(tmp)
             reason = getattr(e, 'reason', e)
             if attempt == attempts:
                 raise DataError(f"cannot download {url} ({reason}); {OFFLINE_HINT}")
             print(f"\ndownload failed ({reason}); retry {attempt}/{attempts - 1} in {2 ** attempt} s")
             time.sleep(2 ** attempt)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+def sha256_of(path):
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
 
 
 def pydocs():
@@ -151,19 +173,22 @@ def pydocs():
     return {'all': docs}
 
 
+JSONL = ('.jsonl', '.jsonl.gz', '.json.gz')  # one JSON object per line with a 'text' field (gzipped or not)
+
+
 def read_local(path):
-    """A .txt file (one document), a .jsonl file (one document per line, field 'text'), or a folder of them."""
+    """A .txt file (one document), a .jsonl[.gz] file (one document per line, field 'text'), or a folder of them."""
     if not os.path.exists(path):
-        raise DataError(f"--input={path} does not exist; give a .txt/.jsonl file or a folder of them")
+        raise DataError(f"--input={path} does not exist; give a .txt/.jsonl/.jsonl.gz file or a folder of them")
     files = [path] if os.path.isfile(path) else sorted(
-        os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(('.txt', '.jsonl')))
+        os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(('.txt',) + JSONL))
     if not files:
-        raise DataError(f"--input={path} holds no .txt or .jsonl files")
+        raise DataError(f"--input={path} holds no .txt, .jsonl or .jsonl.gz files")
     docs = []
     for fn in files:
         try:
-            with open(fn, encoding='utf-8') as f:
-                if not fn.endswith('.jsonl'):
+            with (gzip.open(fn, 'rt', encoding='utf-8') if fn.endswith('.gz') else open(fn, encoding='utf-8')) as f:
+                if not fn.endswith(JSONL):
                     docs.append(f.read())
                     continue
                 for i, line in enumerate(f, 1):
@@ -171,20 +196,34 @@ def read_local(path):
                         continue
                     try:
                         text = json.loads(line)['text']
-                        assert isinstance(text, str)
-                    except (json.JSONDecodeError, KeyError, TypeError, AssertionError):
+                        text.encode('utf-8')  # a lone surrogate ("\ud800") is valid JSON but not text
+                    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
                         raise DataError(f"{fn}:{i} is not a JSON object with a string field 'text'")
+                    except UnicodeEncodeError:
+                        raise DataError(f"{fn}:{i} holds a lone surrogate (an escape like \\ud800), not text; fix "
+                                        "or drop that line")
                     docs.append(text)
         except UnicodeDecodeError as e:
             raise DataError(f"{fn} is not UTF-8 text ({e.reason} at byte {e.start})")
+        except (OSError, EOFError) as e:  # gzip: not a gzip file, or cut short
+            raise DataError(f"{fn} cannot be read ({e}); is it complete?")
     if not any(d.strip() for d in docs):
         raise DataError(f"--input={path} holds no text")
     return {'all': docs}
 
 
-def wikitext(name, dl_dir):
+def pubmed(path):
+    """PubMedQA's ori_pqal.json: {pmid: {CONTEXTS: [abstract sections], LONG_ANSWER: conclusion, ...}}."""
+    try:
+        entries = json.load(open(path, encoding='utf-8'))
+        docs = ['\n'.join(e['CONTEXTS'] + [e['LONG_ANSWER']]) for e in entries.values()]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise DataError(f"{path} is not PubMedQA's ori_pqal.json ({type(e).__name__}); give that file")
+    return {'all': docs}
+
+
+def wikitext(name, zpath):
     c = CORPORA[name]
-    zpath = download(c['url'], os.path.join(dl_dir, os.path.basename(c['url'])))
     try:
         with zipfile.ZipFile(zpath) as z:
             if z.testzip() is not None:  # CRC check of every member
@@ -192,8 +231,7 @@ def wikitext(name, dl_dir):
             read = lambda s: z.read(c['prefix'] + f'wiki.{s}.raw').decode('utf-8')
             return {'train': [read('train')], 'val': [read('valid')], 'test': [read('test')]}
     except (zipfile.BadZipFile, KeyError) as e:
-        os.remove(zpath)
-        raise DataError(f"{zpath} is not the expected WikiText archive ({e}); deleted it, run again to re-download")
+        raise DataError(f"{zpath} is not the expected WikiText archive ({e}); delete it and run again")
 
 
 def split_train_val(docs, val_fraction, seed=1337):
@@ -219,22 +257,29 @@ def split_train_val(docs, val_fraction, seed=1337):
 def write_dataset(out, corpus, input, name, source, tok, val_fraction):
     """Read the source, split it, tokenize every split into temp files, then rename them and write meta.json."""
     meta_path = os.path.join(out, 'meta.json')
-    if input:
-        splits = read_local(input)
-    elif corpus == 'pydocs':
+    if corpus == 'pydocs':
         splits = pydocs()
-    elif corpus == 'shakespeare':
-        path = download(CORPORA[corpus]['url'], os.path.join(out, 'input.txt'), CORPORA[corpus]['sha256'])
-        splits = {'all': [open(path, encoding='utf-8').read()]}
-    else:
-        splits = wikitext(corpus, out)
+    elif corpus is None:  # a local file or folder
+        splits = read_local(input)
+    else:  # a named corpus: its file, downloaded (kept in out/) or a local copy of it
+        c = CORPORA[corpus]
+        path = input or download(c['url'], os.path.join(out, os.path.basename(c['url'])), c.get('sha256'))
+        if input and c.get('sha256') and os.path.isfile(input) and sha256_of(input) != c['sha256']:
+            print(f"warning: {input} is not byte for byte the file {c['url']} (sha256 differs); using it anyway")
+        if corpus == 'pubmed':
+            splits = pubmed(path)
+        elif corpus.startswith('wikitext'):
+            splits = wikitext(corpus, path)
+        else:  # shakespeare (.txt), web (.json.gz)
+            splits = read_local(path)
     if 'all' in splits:
         splits = split_train_val(splits['all'], val_fraction)
-    tmps, counts = {}, {}
+    tmps, counts, sizes = {}, {}, {}
     try:
         for split, docs in splits.items():
-            tmps[split], counts[split] = write_tokens(os.path.join(out, f'{split}.bin'), docs, tok)
-            print(f"{split}: {len(docs):,} documents, {counts[split]:,} tokens")
+            tmps[split] = os.path.join(out, f'{split}.bin.tmp{os.getpid()}')
+            counts[split], sizes[split] = write_tokens(tmps[split], docs, tok)
+            print(f"{split}: {len(docs):,} documents, {counts[split]:,} tokens, {sizes[split]:,} bytes of text")
         if os.path.exists(meta_path):
             os.remove(meta_path)  # the old meta must not vouch for new .bin files
         for split, tmp in tmps.items():
@@ -242,8 +287,8 @@ def write_dataset(out, corpus, input, name, source, tok, val_fraction):
         for stale in {'train', 'val', 'test'} - set(tmps):
             if os.path.exists(os.path.join(out, f'{stale}.bin')):
                 os.remove(os.path.join(out, f'{stale}.bin'))
-        meta = dict(corpus=corpus if not input else 'local', name=name, source=source, tokenizer=tok['name'],
-                    vocab_size=tok['vocab_size'], eot_token=tok['eot'], dtype='uint16', tokens=counts,
+        meta = dict(corpus=corpus or 'local', name=name, source=source, tokenizer=tok['name'],
+                    vocab_size=tok['vocab_size'], eot_token=tok['eot'], dtype='uint16', tokens=counts, bytes=sizes,
                     val_fraction=val_fraction if 'test' not in counts else None,
                     separator=f"end-of-text token {tok['eot']} after every document")
         with open(meta_path + '.tmp', 'w') as f:
@@ -256,24 +301,45 @@ def write_dataset(out, corpus, input, name, source, tok, val_fraction):
     return meta
 
 
-def prepare(corpus, input=None, name=None, tokenizer=None, val_fraction=0.1, data_dir='data', force=False):
-    if input is None and corpus not in CORPORA:
+def remove_debris(out):
+    """Temp files of a run that was killed (kill -9 leaves them): *.tmp<pid> whose process is gone."""
+    for fn in os.listdir(out):
+        stem, _, pid = fn.rpartition('.tmp')
+        if stem and pid.isdigit():
+            try:
+                os.kill(int(pid), 0)  # still running: another prepare_data.py at work
+            except ProcessLookupError:
+                os.remove(os.path.join(out, fn))
+            except OSError:
+                pass
+
+
+def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1, data_dir='data', force=False):
+    if corpus is None and input is None:
+        corpus = 'pydocs'
+    if corpus is not None and corpus not in CORPORA:
         raise DataError(f"unknown corpus {corpus!r}; choose one of {', '.join(CORPORA)}, or --input=PATH")
-    name = name or (os.path.splitext(os.path.basename(os.path.normpath(input)))[0] if input else corpus)
-    tokenizer = tokenizer or (CORPORA[corpus]['tokenizer'] if input is None else 'bytes')
+    name = name or corpus or os.path.basename(os.path.normpath(input)).split('.')[0]
+    if name in ('.', '..') or os.path.basename(name) != name or '\\' in name or not name.strip():
+        raise DataError(f"--name={name!r} must be a plain folder name (it becomes {data_dir}/<name>/), e.g. --name=mine")
+    tokenizer = tokenizer or (CORPORA[corpus]['tokenizer'] if corpus else 'bytes')
     if tokenizer not in ('gpt2', 'bytes'):
         raise DataError(f"--tokenizer={tokenizer} is unknown; choose gpt2 or bytes")
     out = os.path.join(data_dir, name)
     source = os.path.abspath(input) if input else CORPORA[corpus].get('url', CORPORA[corpus]['about'])
     meta_path = os.path.join(out, 'meta.json')
+    if os.path.isdir(out):
+        remove_debris(out)
     if os.path.exists(meta_path) and not force:
-        meta = json.load(open(meta_path))
-        sizes_ok = all(os.path.exists(os.path.join(out, f'{s}.bin')) and
-                       os.path.getsize(os.path.join(out, f'{s}.bin')) == 2 * n for s, n in meta['tokens'].items())
+        try:
+            meta = json.load(open(meta_path))
+            sizes_ok = all(os.path.getsize(os.path.join(out, f'{s}.bin')) == 2 * n for s, n in meta['tokens'].items())
+        except (ValueError, OSError, TypeError, AttributeError, KeyError):
+            meta, sizes_ok = {}, False
         if meta.get('tokenizer') == tokenizer and meta.get('source') == source and sizes_ok:
             print(f"{out} is already prepared ({meta['tokens']} tokens); --force redoes it")
             return meta
-        print(f"{out} holds another preparation ({meta.get('tokenizer')}, {meta.get('source')}); redoing it")
+        print(f"{out} holds another or an unreadable preparation; redoing it")
     tok = get_tokenizer(tokenizer)
     print(f"preparing {name} from {source} with the {tokenizer} tokenizer")
     fresh = not os.path.isdir(out)
@@ -295,8 +361,9 @@ class Parser(argparse.ArgumentParser):
 
 if __name__ == '__main__':
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('corpus', nargs='?', default='pydocs', help=f"one of {', '.join(CORPORA)} (default pydocs)")
-    p.add_argument('--input', help='a local .txt/.jsonl file or folder, instead of a named corpus')
+    p.add_argument('corpus', nargs='?', help=f"one of {', '.join(CORPORA)} (default pydocs)")
+    p.add_argument('--input', help='a local copy of the named corpus\'s file; or, with no corpus, any local '
+                                   '.txt/.jsonl/.jsonl.gz file or folder of them')
     p.add_argument('--name', help='dataset name, data/<name>/ (default: the corpus or input file name)')
     p.add_argument('--tokenizer', choices=['gpt2', 'bytes'], help='default: gpt2 for wikitext, bytes otherwise')
     p.add_argument('--val_fraction', type=float, default=0.1, help='held out when a corpus has no val split')
@@ -307,5 +374,8 @@ if __name__ == '__main__':
         prepare(args.corpus, args.input, args.name, args.tokenizer, args.val_fraction, args.data_dir, args.force)
     except DataError as e:
         sys.exit(f"error: {e}")
+    except OSError as e:  # a full disk, a read-only folder
+        sys.exit(f"error: cannot write {e.filename or args.data_dir} ({e.strerror or e}); nothing partial was kept: "
+                 "free some space or choose another --data_dir")
     except KeyboardInterrupt:
         sys.exit("interrupted: no partial output was kept; run the same command again")

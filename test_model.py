@@ -1,13 +1,32 @@
 """
-The executable spec of model.py: the mathematics each attention variant promises (METHOD.md), in pytest.
+The spec, in pytest. First the mathematics each attention variant promises (model.py): dt = 0 is standard
+attention, leapfrog is reversible and keeps volume, the closed-form force is the gradient of V, no position sees
+the future, the KV cache equals the full forward pass, the parameter budgets. Then the scripts, run the way a
+user runs them: prepare_data.py, train.py (resume, evaluation, bad input, DDP, compile), bench.py, and the
+README's classroom exercises.
 Run: python -m pytest -q
 """
+import gzip
+import hashlib
+import http.server
+import json
 import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
-from model import ATTN, PRESETS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Invertible, KVCache, LeapfrogStep
+import prepare_data
+from model import (ATTN, PRESETS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Invertible, KVCache, LeapfrogStep,
+                   qk_diagnostics)
 
 TRANSFORMS = [a for a in ATTN if a not in ('standard', 'diff')]  # variants with a q/k map
 
@@ -316,7 +335,7 @@ def test_kv_cache_logits_equal_full_forward(attn, pos):
     randomize_qk(model)
     idx = idx_batch(T=12)
     full = model(idx)[0]
-    cache = KVCache(model.config.n_layer, model.lm_head.weight)  # with generation's copy of the output embedding
+    cache = KVCache(model.config.n_layer)
     steps = [model(idx[:, :5], cache=cache)[0]]  # a prompt, then one token at a time
     steps += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 12)]
     assert len(cache) == 12
@@ -328,15 +347,6 @@ def test_kv_cache_logits_equal_full_forward(attn, pos):
     # reset forgets the tokens, keeps the buffers: the same logits again
     cache.reset()
     assert len(cache) == 0 and torch.allclose(model(idx[:, :7], cache=cache)[0], full[:, :7], atol=1e-5)
-
-
-def test_kv_cache_keeps_a_column_major_output_embedding_in_float32_only():
-    model = build('standard').eval()
-    w = model.lm_head.weight
-    copy = KVCache(model.config.n_layer, w).lm_head  # read column by column by one-row products (see KVCache)
-    assert torch.equal(copy, w) and copy.t().is_contiguous() and copy.data_ptr() != w.data_ptr()
-    with torch.autocast('cpu', dtype=torch.bfloat16):  # autocast casts the weight once; a copy it would cast per token
-        assert KVCache(model.config.n_layer, w).lm_head is None
 
 
 @pytest.mark.parametrize('attn', ['standard', 'coupled', 'diff+invertible'])
@@ -406,30 +416,76 @@ def test_step_sizes_are_not_weight_decayed():
         assert (id(p) in no_decay) == (n.endswith(('.dt', 'bias')) or p.dim() < 2), n
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# the coupling diagnostic: how much of the q/k map is beyond what W_q, W_k could absorb
+
+def diagnose(model):
+    return qk_diagnostics(model, idx_batch(B=8, T=16))
+
+
+def test_diagnostic_is_zero_when_dt_is_zero():
+    model = build('coupled', qk_scale=2.0)
+    with torch.no_grad():
+        for qk in qk_maps(model):
+            qk.dt.zero_()
+    for s in diagnose(model):
+        assert s['dq'] == 0 and s['dk'] == 0 and s['nonlinear'] < 1e-12
+
+
+def test_diagnostic_sees_a_linear_potential_as_linear_and_a_curved_one_as_nonlinear():
+    straight = build('coupled')  # SiLU's straight range: pre-activations of spread ~0.01
+    with torch.no_grad():
+        for qk in qk_maps(straight):
+            qk.V.c_fc.mul_(0.1)
+            qk.V.c_proj.mul_(30.0)  # a strong force, so the map moves things (dk clearly > 0), but linearly
+    for s in diagnose(straight):
+        assert s['dk'] > 0.05 and s['nonlinear'] < 2e-3
+    curved = build('coupled', qk_scale=3.0, qk_dt=0.5)  # pre-activations of spread 3: SiLU's bend
+    stats = diagnose(curved)
+    assert all(s['nonlinear'] > 1e-2 for s in stats)
+    assert len(stats) == 2 and len(stats[0]['nonlinear_heads']) == 4
+
+
+@pytest.mark.parametrize('attn', TRANSFORMS)
+def test_diagnostic_covers_every_q_k_transform(attn):
+    model = build(attn)
+    randomize_qk(model)
+    stats = diagnose(model)
+    heads = 4
+    assert len(stats) == 2 and all(len(s['nonlinear_heads']) == heads and s['nonlinear'] > 0 for s in stats)
+
+
+def test_qk_scale_sets_the_spread_of_the_potentials_pre_activations():
+    cfg = tiny('coupled', qk_scale=2.0)
+    model = GPT(cfg, verbose=False)
+    q = 0.02 * math.sqrt(cfg.n_embd) * torch.randn(1, 4, 4096, 8)  # q's spread at initialization
+    z = model.transformer.h[0].attn.qk.V.hidden(q)
+    assert 1.8 < z.std().item() < 2.2
+
+
+def test_dynamics_can_be_left_out_of_weight_decay():
+    model = build('coupled')
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', qk_decay=False)
+    decayed = {id(p) for g in opt.param_groups if g['weight_decay'] > 0 for p in g['params']}
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decayed and not any('.qk.' in names[i] for i in decayed)
 # ===============================================================================================================
-# the main job: prepare_data.py and train.py, run the way a user runs them
-
-import json  # noqa: E402
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-import prepare_data  # noqa: E402
+# the scripts, run the way a user runs them
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TIKTOKEN_CACHE = os.path.join(HERE, '..', 'shared', 'tiktoken_cache')
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
         "First Citizen:\nYou are all resolved rather to die than to famish? \u00e9\u00e8\u2014 caf\u00e9\n") * 40
 
 
-def run(script, *args, cwd=HERE, timeout=240):
+def run(script, *args, cwd=HERE, timeout=240, **popen):
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    if os.path.isdir(TIKTOKEN_CACHE):
-        env.setdefault('TIKTOKEN_CACHE_DIR', os.path.abspath(TIKTOKEN_CACHE))
     return subprocess.run([sys.executable, script, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, **popen)
+
+
+def one_line_error(r, words):
+    err = r.stderr.strip()
+    return r.returncode != 0 and 'Traceback' not in r.stderr and '\n' not in err and words in err
 
 
 def read_bin(path):
@@ -444,6 +500,9 @@ def corpus(tmp_path_factory):
     return str(d)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# prepare_data.py
+
 def test_prepare_round_trip_bytes(tmp_path):
     src = tmp_path / 'play.txt'
     src.write_text(TEXT, encoding='utf-8')
@@ -454,13 +513,13 @@ def test_prepare_round_trip_bytes(tmp_path):
     assert train[-1] == 256 and val[-1] == 256 and 0.05 < len(val) / (len(train) + len(val)) < 0.15
     decoded = bytes(train[:-1].astype(np.uint8)) + bytes(val[:-1].astype(np.uint8))
     assert decoded.decode('utf-8') == TEXT
+    assert meta['bytes'] == {'train': len(train) - 1, 'val': len(val) - 1}  # the text's UTF-8 bytes, for bits/byte
     assert json.load(open(out / 'meta.json'))['tokenizer'] == 'bytes'
 
 
-def test_prepare_round_trip_gpt2_through_offline_cache(tmp_path, monkeypatch):
-    if not os.path.isdir(TIKTOKEN_CACHE):
-        pytest.skip('no ../shared/tiktoken_cache: the gpt2 tokenizer would need the network')
-    monkeypatch.setenv('TIKTOKEN_CACHE_DIR', os.path.abspath(TIKTOKEN_CACHE))
+def test_prepare_round_trip_gpt2_through_offline_cache(tmp_path):
+    if not os.environ.get('TIKTOKEN_CACHE_DIR'):
+        pytest.skip('TIKTOKEN_CACHE_DIR is not set: the gpt2 tokenizer would need the network')
     import tiktoken
     docs = [{'text': f"Abstract {i}: coupled dynamics of queries and keys, trial {i}.\n" * (i + 1)} for i in range(30)]
     src = tmp_path / 'abstracts.jsonl'
@@ -483,6 +542,9 @@ def test_prepare_does_not_redo_finished_work(tmp_path):
     r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path}')
     assert r.returncode == 0 and 'already prepared' in r.stdout
     assert os.path.getmtime(tmp_path / 'play' / 'train.bin') == stamp
+    (tmp_path / 'play' / 'meta.json').write_text('{"tokens": [1, 2')  # a corrupt meta.json: simply redo
+    r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path}')
+    assert r.returncode == 0 and 'redoing' in r.stdout and json.load(open(tmp_path / 'play' / 'meta.json'))['bytes']
 
 
 def test_prepare_failure_leaves_no_partial_output(tmp_path, monkeypatch):
@@ -495,33 +557,152 @@ def test_prepare_failure_leaves_no_partial_output(tmp_path, monkeypatch):
     # 1) corrupt input on a forced redo: one clear line, and the finished dataset is untouched
     (src / 'b.jsonl').write_text('{"text": "three"}\nnot json\n')
     r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}', '--force')
-    assert r.returncode != 0 and 'Traceback' not in r.stderr
-    assert r.stderr.strip().count('\n') == 0 and 'b.jsonl:2' in r.stderr
+    assert one_line_error(r, 'b.jsonl:2')
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
-    # 2) interrupted while writing tokens: no temp files, no half-written .bin, old meta still valid
-    (src / 'b.jsonl').write_text('{"text": "three"}\n')
+    # 2) interrupted, or failing (a full disk), in the middle of writing tokens: no temp file, old data intact
+    (src / 'b.jsonl').write_text('{"text": "three"}\n' * 100)
     real = prepare_data.write_tokens
-    calls = []
-
-    def write_then_interrupt(path, docs, tok):
-        calls.append(path)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(path, docs, tok)
-    monkeypatch.setattr(prepare_data, 'write_tokens', write_then_interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path / 'data'), force=True)
-    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+    for error in (KeyboardInterrupt(), OSError(28, 'No space left on device')):
+        def write_then_fail(tmp, docs, tok):
+            real(tmp, docs[:1], tok)  # a partial file exists when the failure comes
+            raise error
+        monkeypatch.setattr(prepare_data, 'write_tokens', write_then_fail)
+        with pytest.raises(type(error)):
+            prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path / 'data'), force=True)
+        assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
     # 3) a failure on a fresh name leaves no directory behind
     r = run('prepare_data.py', f'--input={tmp_path / "missing.txt"}', f'--data_dir={tmp_path / "data"}')
     assert r.returncode != 0 and not (tmp_path / 'data' / 'missing').exists()
 
 
+def test_prepare_removes_what_a_killed_run_left(tmp_path):
+    src = tmp_path / 'play.txt'
+    src.write_text(TEXT)
+    out = tmp_path / 'play'
+    out.mkdir()
+    dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True, text=True)
+    debris = [out / f'train.bin.tmp{dead.stdout.strip()}', out / f'ckpt.pt.tmp{dead.stdout.strip()}']
+    for f in debris:
+        f.write_bytes(b'half')
+    prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path))
+    assert not any(f.exists() for f in debris) and not [f for f in os.listdir(out) if '.tmp' in f]
+
+
+@pytest.mark.parametrize('args, words', [
+    (['--name=../../x'], 'plain folder name'),
+    (['--name=/tmp/elsewhere'], 'plain folder name'),
+    (['--name=.'], 'plain folder name'),
+    (['nocorpus'], 'unknown corpus'),
+    (['--data_dir=FILE/sub'], 'cannot write'),
+])
+def test_prepare_bad_input_gives_one_line_and_writes_nothing_outside(tmp_path, args, words):
+    src = tmp_path / 'play.txt'
+    src.write_text(TEXT)
+    (tmp_path / 'FILE').write_text('a file where a folder should be')
+    args = [a.replace('FILE', str(tmp_path / 'FILE')) for a in args]
+    r = run('prepare_data.py', f'--input={src}', *([] if any('data_dir' in a for a in args) else
+                                                    [f'--data_dir={tmp_path / "data"}']), *args)
+    assert one_line_error(r, words)
+    assert sorted(os.listdir(tmp_path)) in (['FILE', 'play.txt'], ['FILE', 'data', 'play.txt'])
+    assert not os.path.exists(tmp_path / 'x') and not os.path.exists('/tmp/elsewhere/meta.json')
+
+
+def test_prepare_refuses_a_lone_surrogate_in_one_line(tmp_path):
+    src = tmp_path / 'bad.jsonl'
+    src.write_text('{"text": "fine"}\n{"text": "broken \\ud800 text"}\n')
+    r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}')
+    assert one_line_error(r, 'bad.jsonl:2') and 'surrogate' in r.stderr and not (tmp_path / 'data' / 'bad').exists()
+
+
+# The paper's other corpora, through the real download path from a local server: fixtures in the files' formats
+
+def pubmed_fixture():
+    entries = {str(30000000 + i): dict(QUESTION=f"Does coupling help {i}?", CONTEXTS=[f"Background {i}. " * 20,
+               f"Methods {i}: a trial of queries and keys. " * 10], LONG_ANSWER=f"Coupling helped in case {i}.",
+               YEAR='2018') for i in range(40)}
+    return json.dumps(entries).encode(), entries
+
+
+def web_fixture():
+    docs = [dict(text=f"Shop page {i}: buy {i} widgets today! Free shipping.\n" * (i % 7 + 3), url=f'http://x/{i}',
+                 date='2019-04-20') for i in range(60)]
+    return gzip.compress(''.join(json.dumps(d) + '\n' for d in docs).encode()), docs
+
+
+@pytest.fixture
+def server(tmp_path):
+    """Serve tmp_path/www over HTTP on a local port; yields (base url, folder)."""
+    www = tmp_path / 'www'
+    www.mkdir()
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(www), **k)
+    http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
+    httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f'http://127.0.0.1:{httpd.server_address[1]}', www
+    httpd.shutdown()
+
+
+@pytest.mark.parametrize('name', ['pubmed', 'web'])
+def test_paper_corpora_download_check_and_parse(tmp_path, server, monkeypatch, name):
+    url, www = server
+    blob, items = pubmed_fixture() if name == 'pubmed' else web_fixture()
+    fn = 'ori_pqal.json' if name == 'pubmed' else 'c4-sample.00000-of-00001.json.gz'
+    (www / fn).write_bytes(blob)
+    monkeypatch.setitem(prepare_data.CORPORA, name, dict(prepare_data.CORPORA[name], url=f'{url}/{fn}',
+                                                          sha256=hashlib.sha256(blob).hexdigest()))
+    meta = prepare_data.prepare(name, data_dir=str(tmp_path / 'data'))
+    out = tmp_path / 'data' / name
+    tokens = np.concatenate([read_bin(out / 'train.bin'), read_bin(out / 'val.bin')])
+    texts = sorted(bytes(t.astype(np.uint8)).decode() for t in np.split(tokens, np.where(tokens == 256)[0] + 1)[:-1]
+                   for t in [t[:-1]])
+    want = sorted('\n'.join(e['CONTEXTS'] + [e['LONG_ANSWER']]) for e in items.values()) if name == 'pubmed' \
+        else sorted(d['text'] for d in items)
+    assert texts == want and meta['corpus'] == name
+    assert (out / fn).read_bytes() == blob  # the download is kept next to the tokens
+    # a file that changed upstream fails the checksum: one line, nothing left behind
+    monkeypatch.setitem(prepare_data.CORPORA, name, dict(prepare_data.CORPORA[name], sha256='0' * 64))
+    monkeypatch.setattr(prepare_data.time, 'sleep', lambda s: None)
+    with pytest.raises(prepare_data.DataError, match='sha256'):
+        prepare_data.prepare(name, data_dir=str(tmp_path / 'other'))
+    assert not (tmp_path / 'other' / name).exists()
+
+
+def test_wikitext_zip_with_the_archives_layout(tmp_path, server, monkeypatch):
+    import zipfile
+    url, www = server
+    with zipfile.ZipFile(www / 'wikitext-2-raw-v1.zip', 'w') as z:
+        for split in ('train', 'valid', 'test'):
+            z.writestr(f'wikitext-2-raw/wiki.{split}.raw', f' = Heading {split} = \n\n Text of {split}. \n' * 50)
+    monkeypatch.setitem(prepare_data.CORPORA, 'wikitext2', dict(prepare_data.CORPORA['wikitext2'],
+                                                                 url=f'{url}/wikitext-2-raw-v1.zip'))
+    meta = prepare_data.prepare('wikitext2', data_dir=str(tmp_path / 'data'), tokenizer='bytes')
+    assert set(meta['tokens']) == {'train', 'val', 'test'}
+    val = read_bin(tmp_path / 'data' / 'wikitext2' / 'val.bin')
+    assert bytes(val[:-1].astype(np.uint8)).decode() == ' = Heading valid = \n\n Text of valid. \n' * 50
+
+
+def test_offline_named_corpus_fails_in_one_line_and_local_copy_works(tmp_path):
+    r = run('-c', 'import prepare_data, sys; prepare_data.time.sleep = lambda s: None; '
+            'prepare_data.CORPORA["pubmed"]["url"] = "http://127.0.0.1:9/ori_pqal.json"; '
+            f'sys.argv = ["prepare_data.py", "pubmed", "--data_dir={tmp_path / "data"}"]; '
+            'exec(open("prepare_data.py").read())')
+    assert r.returncode != 0 and 'Traceback' not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert '--input=' in r.stderr and not (tmp_path / 'data' / 'pubmed').exists()
+    blob, items = pubmed_fixture()
+    (tmp_path / 'ori_pqal.json').write_bytes(blob)
+    r = run('prepare_data.py', 'pubmed', f'--input={tmp_path / "ori_pqal.json"}', f'--data_dir={tmp_path / "data"}')
+    assert r.returncode == 0 and 'not byte for byte' in r.stdout  # a fixture, not the real file: said, then used
+    assert json.load(open(tmp_path / 'data' / 'pubmed' / 'meta.json'))['corpus'] == 'pubmed'
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# train.py
+
 SMALL = ['--n_layer=2', '--batch_size=4', '--block_size=32', '--eval_iters=2', '--log_interval=1']
 
 
-def train(corpus, out_dir, *args, timeout=240):
-    return run('train.py', f'--data_dir={corpus}', f'--out_dir={out_dir}', *SMALL, *args, timeout=timeout)
+def train(corpus, out_dir, *args, timeout=240, **kw):
+    return run('train.py', f'--data_dir={corpus}', f'--out_dir={out_dir}', *SMALL, *args, timeout=timeout, **kw)
 
 
 def metrics(out_dir):
@@ -540,19 +721,73 @@ def test_resume_continues_and_reproduces_the_uninterrupted_run(corpus, tmp_path)
     ta, tb = trained(a), trained(b)
     assert sorted(tb) == list(range(1, 13))  # the count continued from 7, not from 1
     assert all(tb[i] == pytest.approx(ta[i], abs=1e-6) for i in range(7, 13))
-    evals = lambda d: [m['val_loss'] for m in metrics(d) if m['event'] == 'eval' and m['iter'] == 12]
-    assert evals(b)[0] == pytest.approx(evals(a)[0], abs=1e-6)
+    evals = lambda d: [m['iter'] for m in metrics(d) if m['event'] == 'eval']
+    assert evals(b) == evals(a) == [0, 6, 12]  # the log holds each eval once, in order
+    final = lambda d: [m for m in metrics(d) if m['event'] == 'final'][-1]['val_loss']
+    assert final(b) == pytest.approx(final(a), abs=1e-6)
     ckpt = torch.load(b / 'ckpt.pt', weights_only=True)
     assert ckpt['iter_num'] == 12 and not any(k.startswith('_orig_mod.') for k in ckpt['model'])
 
 
-def test_training_lowers_validation_loss_and_logs_progress(corpus, tmp_path):
+def test_resume_and_eval_take_every_setting_from_the_checkpoint(corpus, tmp_path):
+    # a non-default shape, block_size and dataset; then resume and evaluate with no flags but where the run is
+    other = tmp_path / 'data'
+    src = tmp_path / 'play.txt'
+    src.write_text(TEXT * 10)
+    prepare_data.prepare(None, input=str(src), data_dir=str(other))
+    out = tmp_path / 'run'
+    r = run('train.py', f'--data_dir={other}', '--dataset=play', f'--out_dir={out}', '--n_layer=1', '--n_embd=48',
+            '--n_head=3', '--block_size=40', '--batch_size=3', '--max_iters=4', '--eval_interval=2', '--eval_iters=1')
+    assert r.returncode == 0, r.stderr
+    r = run('train.py', f'--out_dir={out}', '--init_from=resume', '--max_iters=6')
+    assert r.returncode == 0, r.stderr
+    assert 'at iteration 4' in r.stdout and 'play: 257 token vocabulary' in r.stdout
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['config']['block_size'] == 40
+    r = run('train.py', f'--out_dir={out}', '--eval_only=True')
+    n_val = json.load(open(other / 'play' / 'meta.json'))['tokens']['val']
+    assert r.returncode == 0 and f"({n_val:,} tokens)" in r.stdout  # play's val split, not pydocs'
+    # a flag that contradicts the checkpoint's model is refused in one line naming it
+    r = run('train.py', f'--out_dir={out}', '--eval_only=True', '--block_size=64')
+    assert one_line_error(r, '--block_size=64 here but 40 in the checkpoint')
+
+
+def test_full_split_evaluation_equals_an_independent_computation(corpus, tmp_path):
+    r = train(corpus, tmp_path, '--max_iters=3', '--eval_interval=3', '--attn=coupled')
+    assert r.returncode == 0
+    final = [m for m in metrics(tmp_path) if m['event'] == 'final'][0]
+    ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
+    model = GPT(GPTConfig(**ckpt['model_args']), verbose=False)
+    model.load_state_dict(ckpt['model'])
+    model.eval()
+    data = torch.from_numpy(read_bin(os.path.join(corpus, 'pydocs', 'val.bin')).astype(np.int64))
+    nats, count = 0.0, 0
+    with torch.no_grad():  # window by window, one at a time: every token once, context from its window's start
+        for i in range(0, len(data) - 1, 32):
+            x, y = data[i:i + 32], data[i + 1:i + 33]
+            x = x[:len(y)]
+            nats += F.cross_entropy(model(x[None])[0][0], y, reduction='sum').double().item()
+            count += len(y)
+    assert count == len(data) - 1
+    assert final['val_loss'] == pytest.approx(nats / count, abs=1e-4)
+    assert final['val_ppl'] == pytest.approx(math.exp(final['val_loss']))
+    n_bytes = json.load(open(os.path.join(corpus, 'pydocs', 'meta.json')))['bytes']['val']
+    assert final['val_bpb'] == pytest.approx(nats / (math.log(2) * n_bytes), rel=1e-4)
+    r = run('train.py', f'--out_dir={tmp_path}', '--eval_only=True')
+    line = [x for x in r.stdout.splitlines() if x.startswith('full val split')][0]
+    assert float(re.search(r'loss ([\d.]+)', line).group(1)) == pytest.approx(nats / count, abs=1e-4)
+    assert 'bits per byte' in line
+
+
+def test_training_lowers_validation_loss_and_logs_progress_and_the_coupling(corpus, tmp_path):
     r = train(corpus, tmp_path, '--max_iters=40', '--eval_interval=20', '--attn=coupled', '--learning_rate=3e-3')
     assert r.returncode == 0
     line = [x for x in r.stdout.splitlines() if x.startswith('iter 40/40')][0]
     assert all(w in line for w in ('loss', 'lr', 'ms/iter', 'tok/s', 'eta'))
-    vals = [m['val_loss'] for m in metrics(tmp_path) if m['event'] == 'eval']
-    assert len(vals) == 3 and vals[-1] < vals[0] - 1.0
+    assert 'q/k map: nonlinear' in r.stdout
+    evals = [m for m in metrics(tmp_path) if m['event'] == 'eval']
+    assert len(evals) == 3 and evals[-1]['val_loss'] < evals[0]['val_loss'] - 1.0
+    for e in evals:  # every eval carries the per-layer coupling diagnostic, with the step sizes
+        assert len(e['qk']) == 2 and all(len(s['dt']) == 4 and 0 <= s['nonlinear'] for s in e['qk'])
 
 
 @pytest.mark.parametrize('args, words', [
@@ -562,21 +797,34 @@ def test_training_lowers_validation_loss_and_logs_progress(corpus, tmp_path):
     (['--dropout=zero'], 'expects a number'),
     (['--compile=maybe'], 'True or False'),
     (['--max_iters', '5'], '--key=value'),
-    (['--preset=', '--n_head=3'], 'not divisible'),
-    (['--attn=diff', '--preset=', '--n_head=1', '--n_embd=64'], 'even'),
+    (['--n_head=3'], 'not divisible'),
+    (['--attn=diff', '--n_head=1', '--n_embd=64'], 'even'),
     (['--qk_steps=9'], '1..7'),
     (['--block_size=10000000'], 'lower --block_size'),
     (['--dataset=nowhere'], 'prepare_data.py'),
     (['--init_from=resume'], 'no checkpoint'),
+    (['--eval_only=True'], 'no checkpoint'),
     (['--device=cuda'], 'CUDA is not available'),
+    (['--device=mps'], 'MPS is not available'),
+    (['--device=tpu'], 'unknown'),
+    (['--out_dir='], 'empty'),
+    (['--out_dir=FILE'], 'cannot write'),
+    (['--out_dir=FILE/sub'], 'cannot write'),
 ])
 def test_bad_flags_give_one_clear_line(corpus, tmp_path, args, words):
-    if '--device=cuda' in args and torch.cuda.is_available():
-        pytest.skip('CUDA is available here')
-    r = train(corpus, tmp_path, *args)
-    assert r.returncode != 0 and 'Traceback' not in r.stderr
-    err = r.stderr.strip()
-    assert err.startswith('error:') and '\n' not in err and words in err
+    if ('--device=cuda' in args and torch.cuda.is_available()) or ('--device=mps' in args and
+                                                                     torch.backends.mps.is_available()):
+        pytest.skip('that device is available here')
+    (tmp_path / 'FILE').write_text('a file where a folder should be')
+    args = [a.replace('FILE', str(tmp_path / 'FILE')) for a in args]
+    r = run('train.py', f'--data_dir={corpus}', *SMALL, *([] if any('out_dir' in a for a in args) else
+                                                          [f'--out_dir={tmp_path / "out"}']), *args)
+    assert one_line_error(r, words) and r.stderr.startswith('error:')
+
+
+def test_help_lists_the_flags():
+    r = run('train.py', '--help')
+    assert r.returncode == 0 and '--attn=standard' in r.stdout and '--qk_scale=' in r.stdout
 
 
 def test_dropout_zero_is_a_valid_float(corpus, tmp_path):
@@ -584,25 +832,42 @@ def test_dropout_zero_is_a_valid_float(corpus, tmp_path):
     assert r.returncode == 0
 
 
+def test_a_scratch_run_never_overwrites_a_run(corpus, tmp_path):
+    assert train(corpus, tmp_path, '--max_iters=2', '--eval_interval=1').returncode == 0
+    before = (tmp_path / 'ckpt.pt').read_bytes(), (tmp_path / 'metrics.jsonl').read_bytes()
+    r = train(corpus, tmp_path, '--max_iters=2')
+    assert one_line_error(r, '--init_from=resume')
+    assert ((tmp_path / 'ckpt.pt').read_bytes(), (tmp_path / 'metrics.jsonl').read_bytes()) == before
+
+
 def test_bad_data_and_checkpoints_are_refused_clearly(corpus, tmp_path):
-    # a truncated token file
     bad = tmp_path / 'data'
     os.makedirs(bad / 'pydocs')
     for f in ('meta.json', 'train.bin', 'val.bin'):
         (bad / 'pydocs' / f).write_bytes(open(os.path.join(corpus, 'pydocs', f), 'rb').read())
-    with open(bad / 'pydocs' / 'train.bin', 'r+b') as f:
+    with open(bad / 'pydocs' / 'train.bin', 'r+b') as f:  # a truncated token file
         f.truncate(1001)
-    r = run('train.py', f'--data_dir={bad}', f'--out_dir={tmp_path}', '--max_iters=1')
-    assert r.returncode != 0 and 'corrupt' in r.stderr and '\n' not in r.stderr.strip()
-    # a checkpoint of another architecture
+    r = run('train.py', f'--data_dir={bad}', f'--out_dir={tmp_path / "o1"}', '--max_iters=1')
+    assert one_line_error(r, 'corrupt')
+    meta = json.load(open(os.path.join(corpus, 'pydocs', 'meta.json')))
+    (bad / 'pydocs' / 'meta.json').write_text(json.dumps(meta | dict(tokens='many')))  # tokens of the wrong type
+    r = run('train.py', f'--data_dir={bad}', f'--out_dir={tmp_path / "o2"}', '--max_iters=1')
+    assert one_line_error(r, 'meta.json is corrupt')
+    (bad / 'pydocs' / 'meta.json').write_text(json.dumps(meta | dict(vocab_size=200)))  # bytes >= 200 in the data
+    r = run('train.py', f'--data_dir={bad}', f'--out_dir={tmp_path / "o3"}', '--max_iters=1')
+    assert one_line_error(r, '--force')
     out = tmp_path / 'out'
     assert train(corpus, out, '--max_iters=2', '--eval_interval=1', '--attn=coupled').returncode == 0
-    r = train(corpus, out, '--init_from=resume', '--attn=diff')
-    assert r.returncode != 0 and "attn='coupled' there but 'diff' here" in r.stderr
-    # a corrupt checkpoint
+    r = train(corpus, out, '--init_from=resume', '--attn=diff')  # a checkpoint of another architecture
+    assert one_line_error(r, "--attn='diff' here but 'coupled' in the checkpoint")
+    ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
+    del ckpt['optimizer']
+    torch.save(ckpt, out / 'ckpt.pt')  # unpickles, but lacks a key
+    r = train(corpus, out, '--init_from=resume')
+    assert one_line_error(r, 'corrupt')
     (out / 'ckpt.pt').write_bytes(b'not a checkpoint')
     r = train(corpus, out, '--init_from=resume')
-    assert r.returncode != 0 and 'corrupt' in r.stderr and 'Traceback' not in r.stderr
+    assert one_line_error(r, 'corrupt')
 
 
 def test_non_finite_loss_stops_the_run(corpus, tmp_path):
@@ -611,11 +876,30 @@ def test_non_finite_loss_stops_the_run(corpus, tmp_path):
     assert 'at iteration' in r.stderr and ('nan' in r.stderr or 'inf' in r.stderr)
 
 
-def test_time_budget_stops_the_run(corpus, tmp_path):
+def test_time_budget_stops_the_run_and_counts_across_a_resume(corpus, tmp_path):
     r = train(corpus, tmp_path, '--max_iters=100000', '--time_budget=2', '--eval_interval=100000')
     assert r.returncode == 0
-    last = metrics(tmp_path)[-1]
-    assert last['event'] == 'eval' and 2 <= last['time'] < 10 and last['iter'] < 100000
+    last = [m for m in metrics(tmp_path) if m['event'] == 'eval'][-1]
+    assert 2 <= last['time'] < 10 and last['iter'] < 100000
+    r = train(corpus, tmp_path, '--init_from=resume')  # the budget is spent: no more training
+    assert r.returncode == 0
+    assert [m['iter'] for m in metrics(tmp_path) if m['event'] == 'train'][-1] == last['iter']
+    assert [m for m in metrics(tmp_path) if m['event'] == 'final'][-1]['time'] == pytest.approx(last['time'])
+
+
+def test_ctrl_c_says_where_to_resume(corpus, tmp_path):
+    p = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={tmp_path}', *SMALL,
+                          '--max_iters=100000', '--eval_interval=5'], cwd=HERE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    deadline = time.time() + 120
+    while not (tmp_path / 'ckpt.pt').exists() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and 'Traceback' not in err
+    assert 'interrupted at iteration' in out and '--init_from=resume' in out
+    assert train(corpus, tmp_path, '--init_from=resume', '--max_iters=6').returncode == 0
 
 
 def test_test_split_is_evaluated_at_the_end(corpus, tmp_path):
@@ -625,11 +909,12 @@ def test_test_split_is_evaluated_at_the_end(corpus, tmp_path):
     for f in ('train.bin', 'val.bin'):
         (d / f).write_bytes(open(os.path.join(corpus, 'pydocs', f), 'rb').read())
     (d / 'test.bin').write_bytes(open(os.path.join(corpus, 'pydocs', 'val.bin'), 'rb').read())
-    meta['tokens']['test'] = meta['tokens']['val']
+    meta['tokens']['test'], meta['bytes']['test'] = meta['tokens']['val'], meta['bytes']['val']
     (d / 'meta.json').write_text(json.dumps(meta))
-    r = run('train.py', f'--data_dir={tmp_path / "data"}', f'--out_dir={tmp_path}', *SMALL, '--max_iters=2')
-    assert r.returncode == 0 and 'test ppl' in r.stdout
-    assert metrics(tmp_path)[-1]['event'] == 'test'
+    r = run('train.py', f'--data_dir={tmp_path / "data"}', f'--out_dir={tmp_path / "out"}', *SMALL, '--max_iters=2')
+    assert r.returncode == 0 and 'full test split' in r.stdout
+    final = metrics(tmp_path / 'out')[-1]
+    assert final['event'] == 'final' and final['test_loss'] == pytest.approx(final['val_loss'])
 
 
 def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(corpus, tmp_path):
@@ -639,6 +924,12 @@ def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(corpus, tmp_p
     assert r.returncode == 0, r.stderr[-2000:]
     assert 'ddp check: 2 ranks, identical weights: True, distinct batches: True' in r.stdout
     assert '2 process(es)' in r.stdout
+    single = run('train.py', f'--out_dir={tmp_path}', '--eval_only=True')
+    r = run('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu',
+            f'--out_dir={tmp_path}', '--eval_only=True')
+    assert r.returncode == 0, r.stderr[-2000:]  # the ranks share the windows: the same full-split loss
+    full = lambda out: float(re.search(r'full val split: loss ([\d.]+)', out).group(1))
+    assert full(r.stdout) == pytest.approx(full(single.stdout), abs=2e-4)
 
 
 def test_compile_works_on_cpu(corpus, tmp_path):
@@ -670,8 +961,24 @@ def test_bench_writes_one_record_per_variant_and_mode(tmp_path):
     assert 'KV cache generates 4 tokens' in r.stdout
 
 
-@pytest.mark.parametrize('args, words', [(['--attn=hamiltonian'], 'hamiltonian'), (['--mode=backward'], 'backward'),
-                                         (['--preset=huge'], 'preset')])
+@pytest.mark.parametrize('args, words', [
+    (['--attn=hamiltonian'], 'hamiltonian'), (['--mode=backward'], 'backward'), (['--preset=huge'], 'preset'),
+    (['--iters=0'], '--iters'), (['--block_size=-4'], '--block_size'), (['--batch_size=0'], '--batch_size'),
+    (['--new_tokens=0'], '--new_tokens'), (['--warmup=-1'], '--warmup'),
+    (['--json_out=/nonexistent/dir/b.jsonl'], 'json_out'),
+])
 def test_bench_bad_flags_give_one_clear_line(args, words):
     r = run('bench.py', *args)
-    assert r.returncode != 0 and words in r.stderr and 'Traceback' not in r.stderr and len(r.stderr.splitlines()) == 1
+    assert one_line_error(r, words)
+
+
+def test_report_tabulates_any_run_folders_and_survives_a_cut_line(corpus, tmp_path):
+    for name, attn in (('out-standard', 'standard'), ('out-coupled', 'coupled')):
+        assert train(corpus, tmp_path / name, '--max_iters=2', '--eval_interval=1', f'--attn={attn}').returncode == 0
+    with open(tmp_path / 'out-coupled' / 'metrics.jsonl', 'a') as f:
+        f.write('{"event": "train", "it')  # a run killed while writing
+    r = run('bench.py', f'--report={tmp_path / "out-standard"},{tmp_path / "out-coupled"}')
+    assert r.returncode == 0, r.stderr
+    assert 'out-coupled/metrics.jsonl:' in r.stderr and 'skipped' in r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith('| ') and 'variant' not in line]
+    assert len(rows) == 2 and any('| coupled |' in row for row in rows) and any('| standard |' in row for row in rows)

@@ -1,11 +1,15 @@
 """
-Train a GPT with any attention variant. One flat loop, nanoGPT-shaped.
+Train a GPT with any attention variant: one flat loop, nanoGPT-shaped. Every setting below is a flag.
 
   python train.py --attn=coupled                                   # laptop CPU: tiny model on data/pydocs
   python train.py --preset=60m --dataset=wikitext103 --attn=coupled --compile=True   # one GPU, the paper's scale
   torchrun --standalone --nproc_per_node=8 train.py --preset=60m --dataset=wikitext103 --attn=coupled
+  python train.py --init_from=resume --out_dir=out                 # continue a run: its settings come along
+  python train.py --eval_only=True --out_dir=out                   # full-split val/test perplexity of a run
 
-Every setting below is overridable as --key=value. Under torchrun: DDP (nccl on CUDA, gloo on CPU).
+Settings: flags (--key=value) > a --preset on the command line > the values written below. Resuming or
+evaluating takes every setting not given as a flag from the checkpoint (model shape, dataset, schedule...).
+Under torchrun: DDP (nccl on CUDA, gloo on CPU).
 """
 import json
 import math
@@ -20,26 +24,26 @@ import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from model import ATTN, POS, PRESETS, GPT, GPTConfig
+from model import ATTN, POS, PRESETS, GPT, GPTConfig, qk_diagnostics
 
 # -----------------------------------------------------------------------------
 # I/O
 out_dir = 'out'
 eval_interval = 250
 log_interval = 10
-eval_iters = 40         # batches per validation estimate (the same batches every time)
-eval_only = False       # evaluate the checkpoint in out_dir and exit
+eval_iters = 40         # batches per periodic validation estimate (the same batches in every run)
+eval_only = False       # evaluate the checkpoint in out_dir on the full val and test splits, and exit
 always_save_checkpoint = True  # save at every eval; False: only when val loss improves
-init_from = 'scratch'   # 'scratch' or 'resume' (from out_dir/ckpt.pt)
-time_budget = 0.0       # seconds of training after which the run stops (0: no budget); compute-matched runs
+init_from = 'scratch'   # 'scratch' (refuses an out_dir that holds a run) or 'resume' (from out_dir/ckpt.pt)
+time_budget = 0.0       # seconds of training after which the run stops (0: none); counts across resumes
 # data
 dataset = 'pydocs'      # data/<dataset>/ made by prepare_data.py
 data_dir = 'data'
 gradient_accumulation_steps = 1  # micro-steps per iteration, per rank
 batch_size = 16         # sequences per micro-step, per rank
 block_size = 128
-# model (a preset sets n_layer, n_head, n_embd; explicit flags override it)
-preset = 'tiny'         # one of model.PRESETS, or '' for the explicit shape
+# model
+preset = ''             # '--preset=60m' etc. sets n_layer, n_head, n_embd (model.PRESETS); flags override it
 n_layer = 4
 n_head = 4
 n_embd = 128
@@ -48,6 +52,9 @@ bias = False
 attn = 'standard'       # one of model.ATTN; 'coupled' is the paper's method
 qk_steps = 1            # integration steps of the q/k dynamics (1..7)
 qk_hidden = 8           # hidden width of the potential V
+qk_scale = 0.0          # spread of the q/k nets' pre-activations at init (0: plain N(0, 1/head_size) weights)
+qk_dt = 0.1             # initial step size of the dynamics
+qk_decay = True         # weight decay on the q/k nets' matrices too
 pos = 'learned'         # 'learned' or 'rope'
 # AdamW, linear warmup then cosine decay to min_lr
 learning_rate = 2e-3
@@ -70,9 +77,10 @@ defaults = {k: v for k, v in globals().items() if not k.startswith('_') and isin
 CHOICES = dict(attn=ATTN, pos=POS, preset=('',) + tuple(PRESETS), init_from=('scratch', 'resume'),
                dtype=('auto', 'float32', 'bfloat16', 'float16'))
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != 'vocab_size']
+LOCAL_KEYS = ('out_dir', 'init_from', 'eval_only', 'device', 'dtype', 'compile')  # never taken from a checkpoint
 
 
-def shutdown(code):
+def shutdown(code):  # every exit goes through here
     if torch.distributed.is_initialized():
         destroy_process_group()
         # gloo's worker threads can abort the process during interpreter teardown ("terminate called without an
@@ -103,33 +111,67 @@ def parse_value(key, text):
     return value
 
 
+if {'-h', '--help'} & set(sys.argv[1:]):
+    print(__doc__ + '\nflags and their defaults:\n' + '\n'.join(f"  --{k}={v}" for k, v in defaults.items()))
+    sys.exit(0)
 given = {}  # the flags set on the command line
 for arg in sys.argv[1:]:
     key, eq, text = arg.removeprefix('--').partition('=')
     if not arg.startswith('--') or not eq:
         die(f"arguments look like --key=value, got {arg!r}")
     if key not in defaults:
-        die(f"unknown flag --{key}; valid flags: {', '.join('--' + k for k in defaults)}")
+        die(f"unknown flag --{key}; valid flags: {', '.join('--' + k for k in defaults)}; see --help")
     given[key] = parse_value(key, text)
-if given.get('preset', preset):
-    globals().update(PRESETS[given.get('preset', preset)])
-globals().update(given)
+explicit = dict(PRESETS.get(given.get('preset', ''), {})) | given  # flags > preset > the values above
+globals().update(explicit)
+if not out_dir.strip():
+    die("--out_dir is empty; name a folder, e.g. --out_dir=out")
+
+# resume and eval: the checkpoint's settings, except what the command line says and the machine-specific ones
+ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+checkpoint = None
+if init_from == 'resume' or eval_only:
+    if not os.path.exists(ckpt_path):
+        die(f"no checkpoint at {ckpt_path} to {'evaluate' if eval_only else 'resume'}; train one with "
+            f"--init_from=scratch first, or point --out_dir at a run")
+    try:
+        checkpoint = torch.load(ckpt_path, map_location='cpu', weights_only=True)
+        ckpt_args = dict(checkpoint['model_args'])
+        ckpt_config = dict(checkpoint['config'])
+        for key in ('model', 'optimizer', 'iter_num', 'best_val_loss'):
+            checkpoint[key]
+    except Exception as e:
+        die(f"{ckpt_path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}); "
+            "it is corrupt or not from train.py")
+    clash = [f"--{k}={explicit[k]!r} here but {ckpt_args.get(k)!r} in the checkpoint" for k in MODEL_KEYS
+             if k in explicit and ckpt_args.get(k, explicit[k]) != explicit[k]]
+    if clash:
+        die(f"{ckpt_path} holds a different model: {'; '.join(clash)}; drop those flags to use the checkpoint's, "
+            f"or train anew in another --out_dir")
+    globals().update({k: v for k, v in ckpt_config.items()
+                      if k in defaults and k not in explicit and k not in LOCAL_KEYS and k != 'preset'})
+    globals().update({k: v for k, v in ckpt_args.items() if k in MODEL_KEYS})
 for key, low in [('batch_size', 1), ('block_size', 1), ('gradient_accumulation_steps', 1), ('max_iters', 0),
                  ('eval_interval', 1), ('eval_iters', 1), ('log_interval', 1), ('warmup_iters', 0)]:
     if globals()[key] < low:
         die(f"--{key} must be >= {low}, got {globals()[key]}")
-if not learning_rate > 0 or min_lr < 0:
-    die("--learning_rate must be > 0 and --min_lr >= 0")
-config = {k: globals()[k] for k in defaults}  # what this run was asked, saved in the checkpoint
+if not learning_rate > 0 or min_lr < 0 or time_budget < 0:
+    die("--learning_rate must be > 0, --min_lr >= 0 and --time_budget >= 0")
+config = {k: globals()[k] for k in defaults}  # this run's settings, saved in the checkpoint
+
 # -----------------------------------------------------------------------------
 # distributed and device setup
 
 ddp = int(os.environ.get('RANK', -1)) != -1  # launched by torchrun?
 if device == 'auto':
     device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
-device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
+device_type = device.split(':')[0]
+if device_type not in ('cpu', 'cuda', 'mps'):
+    die(f"--device={device} is unknown; use auto, cpu, cuda, cuda:N or mps")
 if device_type == 'cuda' and not torch.cuda.is_available():
     die(f"--device={device} but CUDA is not available here; use --device=cpu")
+if device_type == 'mps' and not torch.backends.mps.is_available():
+    die(f"--device={device} but Apple's MPS is not available here (it needs macOS on Apple silicon); use --device=cpu")
 if ddp:
     rank, local_rank, world_size = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
     if device_type == 'cuda':
@@ -147,8 +189,23 @@ autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type=d
 torch.manual_seed(seed)
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
-if master:
-    os.makedirs(out_dir, exist_ok=True)
+
+# out_dir: never overwrite a run without being asked; find out now, not at the first save, if it cannot be written
+metrics_path = os.path.join(out_dir, 'metrics.jsonl')
+if not eval_only:
+    if init_from == 'scratch' and os.path.exists(ckpt_path):
+        die(f"{out_dir}/ holds a run (ckpt.pt); continue it with --init_from=resume, or train in another --out_dir "
+            f"(delete {out_dir}/ to start over)")
+    if master:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            probe = os.path.join(out_dir, f'.write-test{os.getpid()}')
+            open(probe, 'w').close()
+            os.remove(probe)
+            if os.path.exists(ckpt_path + '.tmp'):
+                os.remove(ckpt_path + '.tmp')  # a save cut short by kill -9: the checkpoint before it is intact
+        except OSError as e:
+            die(f"cannot write to --out_dir={out_dir} ({e.strerror or e}); choose a writable folder")
 
 # -----------------------------------------------------------------------------
 # data: data/<dataset>/{train,val,test}.bin of uint16 tokens, and meta.json
@@ -160,7 +217,8 @@ if not os.path.exists(os.path.join(data_path, 'meta.json')):
 try:
     meta = json.load(open(os.path.join(data_path, 'meta.json')))
     vocab_size = int(meta['vocab_size'])
-except (ValueError, KeyError, TypeError):
+    n_tokens = {s: int(n) for s, n in meta['tokens'].items()}
+except (ValueError, KeyError, TypeError, AttributeError):
     die(f"{data_path}/meta.json is corrupt; run prepare_data.py again with --force")
 splits = {}
 for split in ('train', 'val', 'test'):
@@ -170,14 +228,18 @@ for split in ('train', 'val', 'test'):
             die(f"{path} not found; run prepare_data.py again with --force")
         continue
     n = os.path.getsize(path) // 2
-    if os.path.getsize(path) % 2 or n != meta.get('tokens', {}).get(split, n):
-        die(f"{path} has {os.path.getsize(path)} bytes, not the {meta['tokens'][split]} tokens meta.json lists; "
+    if os.path.getsize(path) % 2 or n != n_tokens.get(split, n):
+        die(f"{path} has {os.path.getsize(path)} bytes, not the {n_tokens.get(split)} tokens meta.json lists; "
             "it is truncated or corrupt: run prepare_data.py again with --force")
     if n < block_size + 2:
         die(f"{path} has only {n} tokens, fewer than block_size+2 = {block_size + 2}; lower --block_size")
     if np.memmap(path, dtype=np.uint16, mode='r').max() >= vocab_size:
-        die(f"{path} holds token ids >= vocab_size {vocab_size}; it does not match meta.json, prepare it again")
+        die(f"{path} holds token ids >= vocab_size {vocab_size}; it does not match meta.json: run prepare_data.py "
+            "again with --force")
     splits[split] = path
+if checkpoint is not None and ckpt_args['vocab_size'] != vocab_size:
+    die(f"the checkpoint was trained on a {ckpt_args['vocab_size']}-token vocabulary, {data_path} has "
+        f"{vocab_size}; name the dataset it was trained on with --dataset")
 train_gen = torch.Generator().manual_seed(seed + rank)  # ranks draw different batches
 
 
@@ -196,41 +258,28 @@ def get_batch(split, gen):
 # -----------------------------------------------------------------------------
 # model, optimizer, resume
 
-ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 model_args = {k: globals()[k] for k in MODEL_KEYS} | dict(vocab_size=vocab_size)
-iter_num, best_val_loss, checkpoint = 0, 1e9, None
-if init_from == 'resume' or eval_only:
-    if not os.path.exists(ckpt_path):
-        die(f"no checkpoint at {ckpt_path} to resume from; train with --init_from=scratch first, or set --out_dir")
-    try:
-        checkpoint = torch.load(ckpt_path, map_location='cpu', weights_only=True)
-        ckpt_args = checkpoint['model_args']
-    except Exception as e:
-        die(f"{ckpt_path} cannot be read ({type(e).__name__}); it is corrupt or not from train.py")
-    clash = {k: (ckpt_args.get(k), model_args[k]) for k in model_args
-             if k in given or (k == 'vocab_size' or k in PRESETS.get(given.get('preset', ''), {}))
-             if ckpt_args.get(k) != model_args[k]}
-    if clash:
-        die(f"{ckpt_path} holds a different model: " + ', '.join(f"{k}={a!r} there but {b!r} here" for k, (a, b) in
-            clash.items()) + "; drop those flags to resume it, or train anew in another --out_dir")
-    model_args = ckpt_args
+iter_num, best_val_loss, train_time = 0, 1e9, 0.0
 try:
     model = GPT(GPTConfig(**model_args), verbose=master)
 except ValueError as e:
     die(str(e))
 if checkpoint is not None:
-    state = {k.removeprefix('_orig_mod.'): v for k, v in checkpoint['model'].items()}
-    model.load_state_dict(state)
+    try:
+        model.load_state_dict({k.removeprefix('_orig_mod.'): v for k, v in checkpoint['model'].items()})
+    except RuntimeError as e:
+        die(f"{ckpt_path} does not fit the model it names ({str(e).splitlines()[0][:100]}); it is corrupt")
     iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
+    train_time = checkpoint.get('train_time', 0.0)
 model.to(device)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
-optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
-if checkpoint is not None:
+optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, qk_decay)
+if checkpoint is not None and not eval_only:
     optimizer.load_state_dict(checkpoint['optimizer'])
     if 'rng' in checkpoint and world_size == checkpoint.get('world_size', 1):  # data position and dropout RNG
         train_gen.set_state(checkpoint['rng'][rank]['batches'])
         torch.set_rng_state(checkpoint['rng'][rank]['torch'])
-    print0(f"resuming from {ckpt_path} at iteration {iter_num}")
+    print0(f"resuming from {ckpt_path} at iteration {iter_num} ({train_time:.0f} s trained)")
 checkpoint = None  # free memory
 raw_model = model
 if compile:
@@ -251,11 +300,12 @@ if ddp:
 
 @torch.no_grad()
 def estimate_loss(split_names=('train', 'val')):
-    """Mean loss over eval_iters batches; the same batches every time (own generator), so evals compare."""
+    """Mean loss over eval_iters random batches: an estimate, for learning curves. The batches depend on neither
+    --seed nor the iteration, so every eval of every run scores the same ones."""
     out = {}
     model.eval()
     for split in split_names:
-        gen = torch.Generator().manual_seed(seed + 10_000 + rank)
+        gen = torch.Generator().manual_seed(10_000 + rank)
         losses = torch.zeros(eval_iters)
         for k in range(eval_iters):
             X, Y = get_batch(split, gen)
@@ -267,6 +317,63 @@ def estimate_loss(split_names=('train', 'val')):
         t = torch.tensor([out[s] for s in split_names], device=device)
         torch.distributed.all_reduce(t)
         out = dict(zip(split_names, (t / world_size).tolist()))
+    return out
+
+
+@torch.no_grad()
+def evaluate_split(split):
+    """
+    The loss over every token of a split: the paper's metric. Non-overlapping windows of block_size tokens; each
+    predicts its tokens 2..block_size+1 from the window so far (context 1..block_size tokens), the last window is
+    shorter. Returns (mean loss per token, perplexity, bits per byte of the split's text or None).
+    """
+    data = torch.from_numpy(np.fromfile(splits[split], dtype=np.uint16).astype(np.int64))
+    starts = list(range(0, len(data) - 1, block_size))[rank::world_size]  # ranks share the windows
+    nats, count = torch.zeros((), dtype=torch.float64), 0
+    model.eval()
+    t0 = time.time()
+    n = max(batch_size, 8192 // block_size)  # windows per forward pass
+    for b in range(0, len(starts), n):
+        group = starts[b:b + n]
+        for lens in sorted({min(block_size, len(data) - 1 - i) for i in group}):  # full windows, then the short one
+            ix = [i for i in group if min(block_size, len(data) - 1 - i) == lens]
+            X = torch.stack([data[i:i + lens] for i in ix]).to(device)
+            Y = torch.stack([data[i + 1:i + 1 + lens] for i in ix]).to(device)
+            with autocast:
+                nats += raw_model(X, Y)[1].double().cpu() * Y.numel()
+            count += Y.numel()
+        if master and time.time() - t0 > 10 and (b // n) % 50 == 0:
+            print(f"  {split}: {b + len(group):,}/{len(starts):,} windows", flush=True)
+    model.train()
+    if ddp:
+        t = torch.tensor([nats.item(), count], dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(t)
+        nats, count = t[0].cpu(), int(t[1].item())
+    loss = nats.item() / count
+    n_bytes = meta.get('bytes', {}).get(split)
+    return loss, math.exp(loss), (nats.item() / (math.log(2) * n_bytes) if n_bytes else None)
+
+
+def coupling():
+    """qk_diagnostics on the first validation batch, plus each layer's step sizes dt: logged with every eval."""
+    if raw_model.transformer.h[0].attn.qk is None:
+        return []
+    X, _ = get_batch('val', torch.Generator().manual_seed(10_000))
+    stats = qk_diagnostics(raw_model, X)
+    for s, blk in zip(stats, raw_model.transformer.h):
+        if hasattr(blk.attn.qk, 'dt'):
+            s['dt'] = blk.attn.qk.dt.tolist()
+    return stats
+
+
+def full_eval():
+    """Full-split loss, perplexity and bits per byte of val and test: printed, and returned for the log."""
+    out = {}
+    for split in [s for s in ('val', 'test') if s in splits]:
+        loss, ppl, bpb = evaluate_split(split)
+        out |= {f'{split}_loss': loss, f'{split}_ppl': ppl, f'{split}_bpb': bpb}
+        print0(f"full {split} split: loss {loss:.4f}, ppl {ppl:.3f}" + (f", {bpb:.4f} bits per byte" if bpb else '')
+               + f" ({n_tokens[split]:,} tokens)")
     return out
 
 
@@ -289,14 +396,15 @@ def save_checkpoint():
         rngs = [rng]
     if master:
         ckpt = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), model_args=model_args,
-                    iter_num=iter_num, best_val_loss=best_val_loss, config=config, rng=rngs, world_size=world_size)
+                    iter_num=iter_num, best_val_loss=best_val_loss, train_time=train_time, config=config, rng=rngs,
+                    world_size=world_size)
         torch.save(ckpt, ckpt_path + '.tmp')
         os.replace(ckpt_path + '.tmp', ckpt_path)  # atomic: a crash mid-save keeps the previous checkpoint
 
 
 def log(record):
     if master:
-        with open(os.path.join(out_dir, 'metrics.jsonl'), 'a') as f:
+        with open(metrics_path, 'a') as f:
             f.write(json.dumps(record) + '\n')
 
 
@@ -308,102 +416,117 @@ tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_
 print0(f"{dataset}: {vocab_size} token vocabulary ({meta.get('tokenizer')}); {tokens_per_iter:,} tokens per "
        f"iteration; device {device}, {dtype}, {world_size} process(es)")
 if eval_only:
-    losses = estimate_loss([s for s in ('val', 'test') if s in splits])
-    print0(' | '.join(f"{s} loss {v:.4f} ppl {math.exp(v):.2f}" for s, v in losses.items()))
-    sys.exit(0)
+    full_eval()
+    shutdown(0)
 
 # -----------------------------------------------------------------------------
 # the loop
 
-if master and init_from == 'scratch':
-    open(os.path.join(out_dir, 'metrics.jsonl'), 'w').close()  # a fresh run starts a fresh log
+if master:  # the log holds this run only: a fresh run starts it, a resumed one drops what came after its checkpoint
+    kept = []
+    if init_from == 'resume' and os.path.exists(metrics_path):
+        for line in open(metrics_path):
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a kill
+            if r.get('iter', 0) < iter_num or (r.get('event') == 'train' and r.get('iter') == iter_num):
+                kept.append(line if line.endswith('\n') else line + '\n')
+    with open(metrics_path + '.tmp', 'w') as f:
+        f.writelines(kept)
+    os.replace(metrics_path + '.tmp', metrics_path)
 log(dict(event='start', iter=iter_num, config=config, params=raw_model.get_num_params(),
          qk_params=raw_model.get_num_qk_params(), world_size=world_size))
-first_batch_sum = None
 t_start = time.time()
 t0 = time.time()
-train_time, done_iters, start_iter = 0.0, 0, iter_num
-while True:
-    lr = get_lr(iter_num) if decay_lr else learning_rate
-    for group in optimizer.param_groups:
-        group['lr'] = lr
-    out_of_time = time_budget > 0 and train_time >= time_budget
-    if ddp and time_budget > 0:  # every rank must stop at the same iteration: rank 0's clock decides
-        flag = torch.tensor(float(out_of_time), device=device)
-        torch.distributed.broadcast(flag, 0)
-        out_of_time = bool(flag.item())
-    last = iter_num >= max_iters or out_of_time
-    if iter_num % eval_interval == 0 or last:
-        losses = estimate_loss()
-        print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
-               f"val ppl {math.exp(losses['val']):.2f}")
-        log(dict(event='eval', iter=iter_num, train_loss=losses['train'], val_loss=losses['val'],
-                 val_ppl=math.exp(losses['val']), tokens=iter_num * tokens_per_iter, time=train_time))
-        if losses['val'] < best_val_loss or always_save_checkpoint:
-            best_val_loss = min(best_val_loss, losses['val'])
-            if iter_num > start_iter or last:
-                save_checkpoint()
-        t0 = time.time()  # evaluation time is not training time
-    if last:
-        break
-    # forward backward update, with optional gradient accumulation to simulate larger batch size
-    for micro_step in range(gradient_accumulation_steps):
-        X, Y = get_batch('train', train_gen)
-        if first_batch_sum is None:
-            first_batch_sum = (X * torch.arange(X.numel(), device=X.device).view_as(X)).sum().item()
-        if ddp:  # sync gradients only on the last micro-step; must be set before the forward pass
-            model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
-        with autocast:
-            logits, loss = model(X, Y)
-            loss = loss / gradient_accumulation_steps
-        scaler.scale(loss).backward()
-    lossf = loss.item() * gradient_accumulation_steps
-    finite = math.isfinite(lossf)
-    if ddp:  # stop together: a rank that leaves alone would hang the others in the next all-reduce
-        flag = torch.tensor(float(finite), device=device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-        finite = bool(flag.item())
-    if not finite:
-        print(f"error: the loss is not finite at iteration {iter_num} (here: {lossf}); the run stopped. Lower "
-              f"--learning_rate or use --dtype=float32; resume from the last good checkpoint with --init_from=resume",
-              file=sys.stderr)
-        shutdown(3)
-    if grad_clip > 0:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    # timing and logging
-    dt = time.time() - t0
-    t0 = time.time()
-    train_time += dt
-    done_iters += 1
-    iter_num += 1
-    if iter_num % log_interval == 0 or iter_num == 1:
-        per_iter = train_time / done_iters
-        left = (max_iters - iter_num) * per_iter
-        if time_budget > 0:
-            left = min(left, time_budget - train_time)
-        print0(f"iter {iter_num}/{max_iters} | loss {lossf:.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms/iter | "
-               f"{tokens_per_iter / dt:,.0f} tok/s | eta {fmt_time(max(left, 0))}")
-        log(dict(event='train', iter=iter_num, loss=lossf, lr=lr, ms=dt * 1000, tok_s=tokens_per_iter / dt,
-                 time=train_time))
+done_iters, start_iter, saved_iter = 0, iter_num, iter_num if init_from == 'resume' else None
+try:
+    while True:
+        lr = get_lr(iter_num) if decay_lr else learning_rate
+        for group in optimizer.param_groups:
+            group['lr'] = lr
+        out_of_time = time_budget > 0 and train_time >= time_budget
+        if ddp and time_budget > 0:  # every rank must stop at the same iteration: rank 0's clock decides
+            flag = torch.tensor(float(out_of_time), device=device)
+            torch.distributed.broadcast(flag, 0)
+            out_of_time = bool(flag.item())
+        last = iter_num >= max_iters or out_of_time
+        if iter_num % eval_interval == 0 or last:
+            losses = estimate_loss()
+            qk = coupling() if master else []
+            print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val ppl "
+                   f"{math.exp(losses['val']):.2f} ({eval_iters}-batch estimates)" + (
+                       " | q/k map: nonlinear {:.2%}, dq {:.1%}, dk {:.1%} (median layer)".format(
+                           *(sorted(s[k] for s in qk)[len(qk) // 2] for k in ('nonlinear', 'dq', 'dk'))) if qk else ''))
+            log(dict(event='eval', iter=iter_num, train_loss=losses['train'], val_loss=losses['val'],
+                     val_ppl=math.exp(losses['val']), tokens=iter_num * tokens_per_iter, time=train_time, qk=qk))
+            if losses['val'] < best_val_loss or always_save_checkpoint:
+                best_val_loss = min(best_val_loss, losses['val'])
+                if iter_num > start_iter or last:
+                    save_checkpoint()
+                    saved_iter = iter_num
+            t0 = time.time()  # evaluation time is not training time
+        if last:
+            break
+        # forward backward update, with optional gradient accumulation to simulate larger batch size
+        for micro_step in range(gradient_accumulation_steps):
+            X, Y = get_batch('train', train_gen)
+            if ddp:  # sync gradients only on the last micro-step; must be set before the forward pass
+                model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
+            with autocast:
+                logits, loss = model(X, Y)
+                loss = loss / gradient_accumulation_steps
+            scaler.scale(loss).backward()
+        lossf = loss.item() * gradient_accumulation_steps
+        finite = math.isfinite(lossf)
+        if ddp:  # stop together: a rank that leaves alone would hang the others in the next all-reduce
+            flag = torch.tensor(float(finite), device=device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+            finite = bool(flag.item())
+        if not finite:
+            print(f"error: the loss is not finite at iteration {iter_num} (here: {lossf}); the run stopped. Lower "
+                  f"--learning_rate or use --dtype=float32; resume from the last good checkpoint with "
+                  f"--init_from=resume", file=sys.stderr)
+            shutdown(3)
+        if grad_clip > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        # timing and logging
+        dt = time.time() - t0
+        t0 = time.time()
+        train_time += dt
+        done_iters += 1
+        iter_num += 1
+        if iter_num % log_interval == 0 or iter_num == 1:
+            left = (max_iters - iter_num) * (time.time() - t_start) / done_iters  # evals included
+            if time_budget > 0:
+                left = min(left, time_budget - train_time)
+            print0(f"iter {iter_num}/{max_iters} | loss {lossf:.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms/iter | "
+                   f"{tokens_per_iter / dt:,.0f} tok/s | eta {fmt_time(max(left, 0))}")
+            log(dict(event='train', iter=iter_num, loss=lossf, lr=lr, ms=dt * 1000, tok_s=tokens_per_iter / dt,
+                     time=train_time))
+except KeyboardInterrupt:
+    where = f"the last checkpoint is at iteration {saved_iter}" if saved_iter is not None else "no checkpoint yet"
+    print0(f"\ninterrupted at iteration {iter_num}; {where}. Continue with: python train.py --init_from=resume "
+           f"--out_dir={out_dir}" if saved_iter is not None else f"\ninterrupted at iteration {iter_num}; {where}")
+    shutdown(130)
 
-if 'test' in splits:
-    test_loss = estimate_loss(['test'])['test']
-    print0(f"test loss {test_loss:.4f}, test ppl {math.exp(test_loss):.2f}")
-    log(dict(event='test', iter=iter_num, test_loss=test_loss, test_ppl=math.exp(test_loss)))
+final = full_eval()
+log(dict(event='final', iter=iter_num, tokens=iter_num * tokens_per_iter, time=train_time) | final)
 print0(f"done: {iter_num} iterations, {fmt_time(time.time() - t_start)}; checkpoint {ckpt_path}")
 if ddp:
-    # sanity check: every rank holds the same weights, after drawing different batches
+    # sanity check: every rank holds the same weights, and ranks draw from different batch generators
     sums = torch.stack([torch.stack((p.double().sum(), p.double().pow(2).sum())) for p in raw_model.parameters()])
     gathered = [torch.zeros_like(sums) for _ in range(world_size)]
     torch.distributed.all_gather(gathered, sums)
-    batches = [None] * world_size
-    torch.distributed.all_gather_object(batches, first_batch_sum)
+    first = [None] * world_size
+    torch.distributed.all_gather_object(first, get_batch('train', torch.Generator().manual_seed(seed + rank))[0]
+                                        .sum().item())
     same = all(torch.equal(g, gathered[0]) for g in gathered)
     print0(f"ddp check: {world_size} ranks, identical weights: {same}, distinct batches: "
-           f"{len(set(batches)) == world_size}")
+           f"{len(set(first)) == world_size}")
     torch.distributed.barrier()
-    shutdown(0)
+shutdown(0)
