@@ -205,12 +205,12 @@ def make(attn):
 
 def flops_per_token(cfg, T):
     C, L, nh, hs, m, n = cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.qk_hidden, cfg.qk_steps
-    h = max(1, m // 4)
+    h, hi = max(1, m // 4), max(1, round(0.4 * m))  # hidden widths of uncoupled's and invertible's nets
     matmul = 2 * (L * 12 * C * C + C * cfg.vocab_size)              # c_attn, c_proj, c_fc, mlp.c_proj; lm_head
     attend = L * 2 * T * C * (3 if cfg.attn.startswith('diff') else 2) / 2  # q k^T and (attention) v, causal half
     force = 4 * m * hs + 10 * m                                    # W q, W^T (.), silu' elementwise
     qk = {'coupled': (n + 1) * force + n * 6 * hs, 'euler': n * (force + 4 * hs),
-          'uncoupled': n * 2 * (4 * h * hs + 5 * h + 2 * hs), 'invertible': n * 2 * (6 * h * hs + 5 * h + 8 * hs),
+          'uncoupled': n * 2 * (4 * h * hs + 5 * h + 2 * hs), 'invertible': n * 2 * (6 * hi * hs + 5 * hi + 8 * hs),
           }.get(cfg.attn.removeprefix('diff').removeprefix('+'), 0) * L * nh
     return 3 * (matmul + attend + qk)
 

@@ -51,10 +51,10 @@ dropout = 0.0
 bias = False
 attn = 'standard'       # one of model.ATTN; 'coupled' is the paper's method
 qk_steps = 1            # integration steps of the q/k dynamics (1..7)
-qk_hidden = 8           # hidden width of the potential V
-qk_scale = 0.0          # spread of the q/k nets' pre-activations at init (0: plain N(0, 1/head_size) weights)
+qk_hidden = 12          # hidden width of the potential V (0.11% of the parameters at 60m)
+qk_scale = 2.0          # spread of the q/k nets' pre-activations at init (0: plain N(0, 1/head_size) weights)
 qk_dt = 0.1             # initial step size of the dynamics
-qk_decay = True         # weight decay on the q/k nets' matrices too
+qk_decay = False        # weight decay on the q/k nets' matrices too (it pulls the dynamics toward linear)
 pos = 'learned'         # 'learned' or 'rope'
 # AdamW, linear warmup then cosine decay to min_lr
 learning_rate = 2e-3
