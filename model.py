@@ -1,17 +1,9 @@
 """
-A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped.
-
-Every attention variant of the paper lives here behind one config field, `attn`:
-  standard            softmax(q k^T / sqrt(d)) v with q = W_q x, k = W_k x
-  coupled             (q, k) evolved jointly by a learned Hamiltonian, leapfrog (the paper's method)
-  euler               same Hamiltonian, explicit Euler (coupled, not symplectic)
-  uncoupled           q += g_q(q), k += g_k(k): matched-capacity MLP baseline, no coupling
-  invertible          affine couplings k <- k*exp(s1(q)) + t1(q), q <- q*exp(s2(k)) + t2(k) (paper v2)
-  diff                Differential Attention (Ye et al. 2024)
-  diff+<transform>    one of the q/k transforms above applied to each sub-head pair inside diff
-The README's "Our reading of the paper" says which parts are the paper's and which are our choices.
-File order: config; the q/k transforms (the paper's idea); attention, block, GPT; generation; the coupling
-diagnostic; last, the fast path of the leapfrog step (the same map with a hand-written backward).
+A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped. Every attention
+variant behind one config field, `attn`: standard; coupled (q, k evolved jointly by a learned Hamiltonian,
+leapfrog: the paper's method); euler; uncoupled (matched MLPs on q and k apart); invertible (affine couplings,
+the paper's v2); diff (Differential Attention, Ye et al. 2024); diff+<transform>. In order: config; the q/k
+transforms; attention, block, GPT; generation and the coupling diagnostic; last, the leapfrog's fast path.
 """
 
 import math
@@ -24,14 +16,9 @@ from torch.nn import functional as F
 QK_TRANSFORMS = ('coupled', 'euler', 'uncoupled', 'invertible')
 ATTN = ('standard',) + QK_TRANSFORMS + ('diff',) + tuple('diff+' + t for t in QK_TRANSFORMS)
 POS = ('learned', 'rope')
-# shapes: 'tiny' and 'small' train on a laptop CPU; the others are the paper's scales (METHOD.md)
-PRESETS = {
-    'tiny': dict(n_layer=4, n_head=4, n_embd=128),
-    'small': dict(n_layer=6, n_head=6, n_embd=384),
-    '60m': dict(n_layer=12, n_head=8, n_embd=512),
-    '150m': dict(n_layer=16, n_head=12, n_embd=768),
-    '350m': dict(n_layer=24, n_head=16, n_embd=1024),
-}
+PRESETS = {'tiny': dict(n_layer=4, n_head=4, n_embd=128), 'small': dict(n_layer=6, n_head=6, n_embd=384),  # laptops
+           '60m': dict(n_layer=12, n_head=8, n_embd=512), '150m': dict(n_layer=16, n_head=12, n_embd=768),
+           '350m': dict(n_layer=24, n_head=16, n_embd=1024)}  # the paper's scales, our guess at their shapes
 
 
 @dataclass
@@ -52,36 +39,20 @@ class GPTConfig:
 
     def __post_init__(self):
         def check(ok, msg):
-            if not ok:
-                raise ValueError(msg)
+            if not ok: raise ValueError(msg)  # noqa: E701
         check(self.attn in ATTN, f"attn={self.attn!r} is unknown; choose one of {', '.join(ATTN)}")
         check(self.pos in POS, f"pos={self.pos!r} is unknown; choose one of {', '.join(POS)}")
         for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'qk_hidden'):
             check(getattr(self, name) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
-        check(self.n_embd % self.n_head == 0,
-              f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; pick n_head among "
-              f"{[h for h in range(1, 33) if self.n_embd % h == 0]}")
+        check(self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
+              f"pick n_head among {[h for h in range(1, 33) if self.n_embd % h == 0]}")
         check(1 <= self.qk_steps <= 7, f"qk_steps must be in 1..7 (the paper's range), got {self.qk_steps}")
         check(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
         check(self.qk_scale >= 0, f"qk_scale must be >= 0 (0: the plain initialization), got {self.qk_scale}")
-        if self.attn.startswith('diff'):
-            check(self.n_head % 2 == 0, f"attn={self.attn} pairs heads into sub-heads: n_head must be even, "
-                  f"got {self.n_head}")
-        if self.pos == 'rope':
-            check((self.n_embd // self.n_head) % 2 == 0, f"pos=rope needs an even head size, got "
-                  f"n_embd/n_head = {self.n_embd // self.n_head}")
-
-
-class LayerNorm(nn.Module):
-    """ LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False """
-
-    def __init__(self, ndim, bias):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-    def forward(self, input):
-        return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
+        check(not self.attn.startswith('diff') or self.n_head % 2 == 0,
+              f"attn={self.attn} pairs heads into sub-heads: n_head must be even, got {self.n_head}")
+        check(self.pos != 'rope' or self.n_embd // self.n_head % 2 == 0,
+              f"pos=rope needs an even head size, got n_embd/n_head = {self.n_embd // self.n_head}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -110,23 +81,18 @@ def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
 
 
 class Hamiltonian(nn.Module):
-    """
-    Query = position, key = momentum: H(q, k) = 1/2 |k|^2 + V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head.
-    integrator 'leapfrog' (attn=coupled) or 'euler'; step size dt learned per head.
-    """
+    """Query = position, key = momentum: H(q, k) = 1/2 |k|^2 + V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head.
+    integrator 'leapfrog' (attn=coupled) or 'euler'; step size dt learned per head."""
     fused = True  # leapfrog through the fast path at the end of this file (the same map); False: the loop below
 
     def __init__(self, n_head, head_size, hidden, steps, integrator, dt=0.1, in_std=None):
         super().__init__()
-        self.V = HeadMLP(n_head, head_size, hidden, 1, in_std=in_std)  # c_fc = w (nh, m, hs), bias b, c_proj a (nh, 1, m)
+        self.V = HeadMLP(n_head, head_size, hidden, 1, in_std=in_std)  # c_fc: w (nh, m, hs), bias: b, c_proj: a
         self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
         self.steps, self.integrator = steps, integrator
 
-    def potential(self, q):  # V(q): (B, nh, T, hs) -> (B, nh, T)
-        return self.V(q).squeeze(-1)
-
     def energy(self, q, k):  # H(q, k) = 1/2 |k|^2 + V(q): (B, nh, T)
-        return 0.5 * k.pow(2).sum(-1) + self.potential(q)
+        return 0.5 * k.pow(2).sum(-1) + self.V(q).squeeze(-1)
 
     def force(self, q, scale=1.0):
         # scale * F(q), F(q) = -grad V(q) = -W^T (a * silu'(W q + b)).
@@ -140,14 +106,12 @@ class Hamiltonian(nn.Module):
             return leapfrog_fused(self, q, k, dt)
         if self.integrator == 'euler':
             for _ in range(self.steps):
-                q, k = q + dt * k, k + self.force(q, dt)          # q, k = q + dt k, k + dt F(q): both from the old state
+                q, k = q + dt * k, k + self.force(q, dt)          # both from the old state: q + dt k, k + dt F(q)
             return q, k
-        kick = self.force(q, 0.5 * dt)
-        for _ in range(self.steps):  # kick-drift-kick; the force at the end of a step starts the next one
-            k = k + kick                                          # kick:  k += dt/2 F(q)
+        for _ in range(self.steps):  # kick-drift-kick
+            k = k + self.force(q, 0.5 * dt)                       # kick:  k += dt/2 F(q)
             q = q + dt * k                                        # drift: q += dt k
-            kick = self.force(q, 0.5 * dt)
-            k = k + kick                                          # kick:  k += dt/2 F(q)
+            k = k + self.force(q, 0.5 * dt)                       # kick:  k += dt/2 F(q)
         return q, k
 
     def inverse(self, q, k):
@@ -174,8 +138,7 @@ class Uncoupled(nn.Module):
 
 
 class Invertible(nn.Module):
-    """RealNVP-style coupling of the halves (q, k), identity at initialization:
-    k <- k exp(s1(q)) + t1(q);  q <- q exp(s2(k)) + t2(k)."""
+    """RealNVP-style coupling of q and k, identity at init: k <- k exp(s1(q)) + t1(q); q <- q exp(s2(k)) + t2(k)."""
 
     def __init__(self, n_head, head_size, hidden, steps, in_std=None):
         super().__init__()
@@ -211,10 +174,8 @@ def qk_transform(name, n_head, head_size, config):
     # q, k entries start with spread 0.02 sqrt(n_embd) (LayerNorm'd x through c_attn at std 0.02): a first layer
     # of std qk_scale / (0.02 sqrt(n_embd hs)) gives pre-activations w . q of spread qk_scale at initialization
     in_std = config.qk_scale / (0.02 * math.sqrt(config.n_embd * head_size)) if config.qk_scale > 0 else None
-    if name == 'coupled':
-        return Hamiltonian(n_head, head_size, m, n, 'leapfrog', dt, in_std)
-    if name == 'euler':
-        return Hamiltonian(n_head, head_size, m, n, 'euler', dt, in_std)
+    if name in ('coupled', 'euler'):
+        return Hamiltonian(n_head, head_size, m, n, 'leapfrog' if name == 'coupled' else 'euler', dt, in_std)
     if name == 'uncoupled':  # 4 h hs + 2h + 1 params/head vs the potential's m hs + 2m + 1: h = m/4 matches
         return Uncoupled(n_head, head_size, max(1, m // 4), n, dt, in_std)
     if name == 'invertible':  # 6 h hs + 2h per head: h = 0.4 m gives v2's "about 0.3%" at 60m (2.4x coupled's)
@@ -235,9 +196,8 @@ class Rotary(nn.Module):
         self.register_buffer('sin', freqs.sin().repeat(1, 2), persistent=False)
 
     def forward(self, x, start):  # x: (B, nh, T, hs), positions start .. start+T-1
-        T = x.size(2)
-        x1, x2 = x.chunk(2, dim=-1)
-        cos, sin = self.cos[start:start + T].to(x.dtype), self.sin[start:start + T].to(x.dtype)
+        x1, x2, end = *x.chunk(2, dim=-1), start + x.size(2)
+        cos, sin = self.cos[start:end].to(x.dtype), self.sin[start:end].to(x.dtype)
         return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
@@ -245,16 +205,12 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        assert config.n_embd % config.n_head == 0
-        # key, query, value projections for all heads, but in a batch
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        # output projection
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v of all heads at once
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.SCALE_INIT = True
         self.resid_dropout = nn.Dropout(config.dropout)
         self.n_head, self.n_embd, self.dropout, self.layer_idx = config.n_head, config.n_embd, config.dropout, layer_idx
-        self.head_size = config.n_embd // config.n_head
-        self.diff = config.attn.startswith('diff')
+        self.head_size, self.diff = config.n_embd // config.n_head, config.attn.startswith('diff')
         # q/k map over every q, k pair: n_head heads, or for diff n_head sub-heads (two per differential head)
         transform = config.attn.removeprefix('diff').removeprefix('+')
         self.qk = qk_transform(transform, config.n_head, self.head_size, config)
@@ -266,8 +222,7 @@ class CausalSelfAttention(nn.Module):
             self.subln = nn.RMSNorm(2 * self.head_size, eps=1e-5)  # per-head norm of the (B, nh/2, T, 2hs) output
 
     def attend(self, q, k, v, past):
-        # softmax(q k^T / sqrt(hs)) v over positions <= t; with a cache, the new queries sit at past .. past+T-1
-        # (one new query, as in generation, sees every cached position: no mask)
+        # softmax(q k^T / sqrt(hs)) v over positions <= t; new queries at past..past+T-1 (one sees all: no mask)
         T = q.size(2)
         mask = None if past == 0 or T == 1 else torch.ones(T, past + T, dtype=torch.bool, device=q.device).tril(past)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0 and T > 1,
@@ -275,7 +230,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, cache=None):
         B, T, C = x.size()  # batch size, sequence length, embedding dimensionality (n_embd)
-        past = 0 if cache is None else cache.size(self.layer_idx)
+        past = 0 if cache is None else cache.sizes[self.layer_idx]
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs); diff: sub-heads 2i, 2i+1
         k = k.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
@@ -291,8 +246,7 @@ class CausalSelfAttention(nn.Module):
             # (softmax(q1 k1^T) - lambda softmax(q2 k2^T)) v, lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init
             lam = (torch.exp(torch.dot(self.lambda_q1, self.lambda_k1))
                    - torch.exp(torch.dot(self.lambda_q2, self.lambda_k2)) + self.lambda_init)
-            y = self.attend(q, k, v.repeat_interleave(2, dim=1), past)  # (B, nh, T, 2hs): both sub-heads, same v
-            y = y.view(B, nh_v, 2, T, 2 * self.head_size)
+            y = self.attend(q, k, v.repeat_interleave(2, dim=1), past).view(B, nh_v, 2, T, 2 * self.head_size)
             y = self.subln(y[:, :, 0] - lam * y[:, :, 1]) * (1 - self.lambda_init)  # (B, nh/2, T, 2hs)
         else:
             y = self.attend(q, k, v, past)  # (B, nh, T, hs)
@@ -318,9 +272,9 @@ class Block(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config, layer_idx)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x, cache=None):
@@ -339,22 +293,19 @@ class GPT(nn.Module):
             wpe=nn.Embedding(config.block_size, config.n_embd) if config.pos == 'learned' else None,
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)  # Linear/Embedding only: the q/k nets initialize themselves
         if verbose:
             n, n_qk = self.get_num_params(), self.get_num_qk_params()
-            print(f"number of parameters: {n / 1e6:.2f}M; attn={config.attn} q/k dynamics add {n_qk:,} "
-                  f"({100 * n_qk / (n - n_qk):.3f}%)")
+            print(f"parameters: {n / 1e6:.2f}M; attn={config.attn}; q/k maps add {n_qk:,} ({n_qk / (n - n_qk):.3%})")
 
-    def get_num_params(self):
-        """All parameters, counting the tied embedding once (positions included: the paper's table counts all)."""
+    def get_num_params(self):  # all parameters, the tied embedding once, positions included
         return sum(p.numel() for p in self.parameters())
 
-    def get_num_qk_params(self):
-        """Parameters of the q/k transforms: what coupling adds to an attention variant."""
+    def get_num_qk_params(self):  # the q/k transforms': what coupling adds to an attention variant
         return sum(p.numel() for n, p in self.named_parameters() if '.qk.' in n)
 
     def _init_weights(self, module):
@@ -381,9 +332,8 @@ class GPT(nn.Module):
             x = block(x, cache)
         x = self.transformer.ln_f(x)
         logits = self.lm_head(x)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
+                                                             ignore_index=-1)
         return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, qk_decay=True):
@@ -403,17 +353,13 @@ class GPT(nn.Module):
         Extend idx (B, T) by max_new_tokens sampled tokens. With use_cache each new token costs one position's
         work: the evolved keys and the values are cached. temperature=0 picks the most likely token.
         """
-        bs = self.config.block_size
-        cache = KVCache(self.config.n_layer) if use_cache else None
-        for step in range(max_new_tokens):
-            if not use_cache:
-                logits, _ = self(idx[:, -bs:])
-            elif step == 0 or len(cache) >= bs:
-                # first step, or the window is full: (re)fill the cache from the last block_size tokens
-                cache.reset()
-                logits, _ = self(idx[:, -bs:], cache=cache)
-            else:
+        bs, cache = self.config.block_size, None
+        for _ in range(max_new_tokens):
+            if cache is not None and len(cache) < bs:  # one new token; the cache holds the others' keys, values
                 logits, _ = self(idx[:, -1:], cache=cache)
+            else:  # no cache, the first step, or a full window: the last block_size tokens from scratch
+                cache = KVCache(self.config.n_layer) if use_cache else None
+                logits, _ = self(idx[:, -bs:], cache=cache)
             logits = logits[:, -1, :]
             if temperature == 0:
                 idx_next = logits.argmax(dim=-1, keepdim=True)
@@ -431,23 +377,15 @@ class GPT(nn.Module):
 # generation
 
 class KVCache:
-    """
-    Per layer, the keys (already evolved and rotated) and values of every token seen so far, in buffers that grow
-    by doubling: a new token is a write, not a copy of the whole cache. For inference: the writes are in place.
-    """
+    """Per layer, the keys (evolved, rotated) and values of every token so far, in buffers that grow by doubling:
+    a new token is an in-place write, not a copy of the whole cache. For inference."""
 
     def __init__(self, n_layer):
         self.layers = [None] * n_layer  # (keys, values) buffers, (B, nh, capacity, hs)
         self.sizes = [0] * n_layer
 
-    def reset(self):  # forget every token, keep the buffers (generation refills a full window this way)
-        self.sizes = [0] * len(self.sizes)
-
     def __len__(self):  # tokens cached (by the first layer; a forward pass updates the layers in turn)
         return self.sizes[0]
-
-    def size(self, i):  # tokens cached by layer i
-        return self.sizes[i]
 
     def update(self, i, k, v):  # append this step's (B, nh, T, hs) keys/values, return all of them
         n, T = self.sizes[i], k.size(2)
@@ -470,24 +408,21 @@ def qk_diagnostics(model, idx):
       nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)|   (least squares per head, over all tokens)
     A linear map (dt = 0, or a potential in SiLU's straight range) gives nonlinear ~ 0: W_q, W_k could absorb it.
     """
-    seen = []  # (q, k, q', k') of every q/k map, in layer order
+    seen, training = [], model.training  # seen: (q, k, q', k') of every q/k map, in layer order
     hooks = [blk.attn.qk.register_forward_hook(lambda mod, inp, out: seen.append((*inp[:2], *out)))
              for blk in model.transformer.h if blk.attn.qk is not None]
-    training = model.training
-    model.eval()
     try:
-        model(idx)
+        model.eval()(idx)
     finally:
         for h in hooks:
             h.remove()
         model.train(training)
-    stats = []
+    stats, rel = [], lambda a, b: ((a - b).norm() / b.norm()).item()
     for q, k, q1, k1 in seen:  # (B, nh, T, hs) -> per head (nh, N, 2 hs), in float64
         x, y = (torch.cat(p, -1).double().transpose(0, 1).flatten(1, 2) for p in ((q, k), (q1, k1)))
         x1 = torch.cat((x, torch.ones_like(x[..., :1])), -1)           # affine: [q, k, 1]
         resid = y - x1 @ torch.linalg.lstsq(x1, y).solution            # (nh, N, 2 hs)
         hs = q.size(-1)
-        rel = lambda a, b: ((a - b).norm() / b.norm()).item()
         stats.append(dict(dq=rel(y[..., :hs], x[..., :hs]), dk=rel(y[..., hs:], x[..., hs:]),
                           nonlinear=(resid.norm() / x.norm()).item(),
                           nonlinear_heads=(resid.norm(dim=(1, 2)) / x.norm(dim=(1, 2))).tolist()))
@@ -495,8 +430,8 @@ def qk_diagnostics(model, idx):
 
 
 # ================================================================================================================
-# The fast path (Hamiltonian.fused = True, the default): the leapfrog map above, with fewer passes over memory.
-# It changes no number the readable loop computes; test_model.py checks values and gradients against the loop.
+# The fast path (Hamiltonian.fused = True, the default): the leapfrog map above in fewer passes over memory; the
+# tests check that it gives the loop's values and gradients.
 
 def silu_grad2(z):  # silu''(z) = s (1 - s) (2 + z (1 - 2 s))
     s = torch.sigmoid(z)
@@ -520,9 +455,8 @@ def leapfrog_fused(h, q, k, dt):  # Hamiltonian h's leapfrog, all heads at once
 
 class LeapfrogStep(torch.autograd.Function):
     """
-    One kick-drift-kick step of all heads at once, with the forces kept in the m-wide hidden space and a
-    hand-derived backward: the map of Hamiltonian's loop (test_model.py checks values and gradients) in fewer
-    passes over hs-wide memory than autograd through the loop, and those passes are what the dynamics cost.
+    One kick-drift-kick step of all heads, forces kept in the m-wide hidden space, hand-derived backward: fewer
+    passes over hs-wide memory than autograd through the loop (those passes are what the dynamics cost).
         k += dt/2 F(q);  q += dt k;  k += dt/2 F(q)      with dt/2 F(q) = W^T g,  g = c silu'(W q + b),  c = -dt/2 a
     q, k (nh, N, hs); W (nh, m, hs); b, a (nh, m, 1); dt (nh, 1, 1); hidden z, g (nh, m, N).
     """
