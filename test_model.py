@@ -490,9 +490,14 @@ def read_bin(path):
 
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory):
-    """A small real corpus (Python's own docs, offline), prepared with the bytes tokenizer."""
+    """A small real corpus: Python's own docs (offline), bytes tokenizer, cut to 300k/30k tokens so runs are quick."""
     d = tmp_path_factory.mktemp('data')
-    prepare_data.prepare('pydocs', data_dir=str(d))
+    meta = prepare_data.prepare('pydocs', data_dir=str(d))
+    for split, n in (('train', 300_000), ('val', 30_000)):
+        tokens = read_bin(d / 'pydocs' / f'{split}.bin')[:n]
+        tokens.tofile(d / 'pydocs' / f'{split}.bin')
+        meta['tokens'][split], meta['bytes'][split] = len(tokens), int((tokens != 256).sum())  # 256: end of text
+    (d / 'pydocs' / 'meta.json').write_text(json.dumps(meta))
     return str(d)
 
 
@@ -756,13 +761,15 @@ def test_full_split_evaluation_equals_an_independent_computation(corpus, tmp_pat
     model.load_state_dict(ckpt['model'])
     model.eval()
     data = torch.from_numpy(read_bin(os.path.join(corpus, 'pydocs', 'val.bin')).astype(np.int64))
+    n = (len(data) - 1) // 32 * 32  # whole windows of 32, then the short last one
+    windows = [(data[:n].view(-1, 32), data[1:n + 1].view(-1, 32)), (data[n:-1][None], data[n + 1:][None])]
     nats, count = 0.0, 0
-    with torch.no_grad():  # window by window, one at a time: every token once, context from its window's start
-        for i in range(0, len(data) - 1, 32):
-            x, y = data[i:i + 32], data[i + 1:i + 33]
-            x = x[:len(y)]
-            nats += F.cross_entropy(model(x[None])[0][0], y, reduction='sum').double().item()
-            count += len(y)
+    with torch.no_grad():  # every token once, its context from its window's start
+        for x, y in windows:
+            for i in range(0, len(x), 64):
+                logits = model(x[i:i + 64])[0]
+                nats += F.cross_entropy(logits.flatten(0, 1), y[i:i + 64].flatten(), reduction='sum').double().item()
+                count += y[i:i + 64].numel()
     assert count == len(data) - 1
     assert final['val_loss'] == pytest.approx(nats / count, abs=1e-4)
     assert final['val_ppl'] == pytest.approx(math.exp(final['val_loss']))
@@ -775,7 +782,8 @@ def test_full_split_evaluation_equals_an_independent_computation(corpus, tmp_pat
 
 
 def test_training_lowers_validation_loss_and_logs_progress_and_the_coupling(corpus, tmp_path):
-    r = train(corpus, tmp_path, '--max_iters=40', '--eval_interval=20', '--attn=coupled', '--learning_rate=3e-3')
+    r = train(corpus, tmp_path, '--max_iters=40', '--eval_interval=20', '--attn=coupled', '--learning_rate=1e-3',
+              '--warmup_iters=10')
     assert r.returncode == 0
     line = [x for x in r.stdout.splitlines() if x.startswith('iter 40/40')][0]
     assert all(w in line for w in ('loss', 'lr', 'ms/iter', 'tok/s', 'eta'))
@@ -816,6 +824,23 @@ def test_bad_flags_give_one_clear_line(corpus, tmp_path, args, words):
     r = run('train.py', f'--data_dir={corpus}', *SMALL, *([] if any('out_dir' in a for a in args) else
                                                           [f'--out_dir={tmp_path / "out"}']), *args)
     assert one_line_error(r, words) and r.stderr.startswith('error:')
+
+
+def test_values_written_in_train_py_are_used_unless_a_flag_or_preset_says_otherwise(corpus, tmp_path):
+    src = open(os.path.join(HERE, 'train.py')).read()
+    for old, new in (("n_layer = 4", "n_layer = 2"), ("max_iters = 2000", "max_iters = 2"),
+                     ("eval_iters = 40", "eval_iters = 2"), ("data_dir = 'data'", f"data_dir = {corpus!r}"),
+                     ("out_dir = 'out'", f"out_dir = {str(tmp_path / 'a')!r}")):
+        assert old in src
+        src = src.replace(old, new, 1)
+    (tmp_path / 'train.py').write_text(src)
+    env = dict(os.environ, PYTHONPATH=HERE, OMP_NUM_THREADS='1')
+    r = subprocess.run([sys.executable, 'train.py'], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert torch.load(tmp_path / 'a' / 'ckpt.pt', weights_only=True)['model_args']['n_layer'] == 2
+    r = subprocess.run([sys.executable, 'train.py', '--preset=tiny', f'--out_dir={tmp_path / "b"}'], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0 and torch.load(tmp_path / 'b' / 'ckpt.pt', weights_only=True)['model_args']['n_layer'] == 4
 
 
 def test_help_lists_the_flags():
