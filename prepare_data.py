@@ -48,8 +48,7 @@ CORPORA = {
     'wikitext103': dict(tokenizer='gpt2', about='WikiText-103 raw, the paper\'s corpus, train/valid/test',
                         url='https://wikitext.smerity.com/wikitext-103-raw-v1.zip', prefix='wikitext-103-raw/'),
 }
-OFFLINE_HINT = ("offline: `python prepare_data.py CORPUS --input=LOCAL_COPY` reads a copy of the same file, "
-                "and `python prepare_data.py pydocs` needs no download")
+
 
 
 class DataError(Exception):
@@ -130,7 +129,8 @@ def download(url, dest, sha256=None, attempts=3):
         except (urllib.error.URLError, OSError, DataError) as e:
             reason = getattr(e, 'reason', e)
             if attempt == attempts:
-                raise DataError(f"cannot download {url} ({reason}); {OFFLINE_HINT}")
+                raise DataError(f"cannot download {url} ({reason}); offline, give a copy of the same file with "
+                                f"--input=<path to {os.path.basename(url)}>, or use the built-in pydocs corpus")
             print(f"\ndownload failed ({reason}); retry {attempt}/{attempts - 1} in {2 ** attempt} s")
             time.sleep(2 ** attempt)
         finally:
@@ -342,13 +342,14 @@ def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1
         print(f"{out} holds another or an unreadable preparation; redoing it")
     tok = get_tokenizer(tokenizer)
     print(f"preparing {name} from {source} with the {tokenizer} tokenizer")
-    fresh = not os.path.isdir(out)
+    made = [d for d in (data_dir, out) if not os.path.isdir(d)]  # folders this run creates
     os.makedirs(out, exist_ok=True)
     try:
         meta = write_dataset(out, corpus, input, name, source, tok, val_fraction)
     except BaseException:
-        if fresh and not os.listdir(out):
-            os.rmdir(out)  # leave nothing behind
+        for d in reversed(made):  # leave nothing behind
+            if os.path.isdir(d) and not os.listdir(d):
+                os.rmdir(d)
         raise
     print(f"wrote {out}/: " + ', '.join(f"{s}.bin" for s in meta['tokens']) + ", meta.json")
     return meta
