@@ -752,6 +752,16 @@ def test_resume_and_eval_take_every_setting_from_the_checkpoint(corpus, tmp_path
     assert one_line_error(r, '--block_size=64 here but 40 in the checkpoint')
 
 
+def test_a_checkpoint_from_before_qk_decay_resumes(corpus, tmp_path):
+    assert train(corpus, tmp_path, '--attn=coupled', '--qk_decay=True', '--max_iters=2').returncode == 0
+    ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
+    del ckpt['config']['qk_decay'], ckpt['train_time']  # what older versions saved
+    torch.save(ckpt, tmp_path / 'ckpt.pt')
+    r = train(corpus, tmp_path, '--init_from=resume', '--max_iters=4')
+    assert r.returncode == 0, r.stderr
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['config']['qk_decay'] is True
+
+
 def test_full_split_evaluation_equals_an_independent_computation(corpus, tmp_path):
     r = train(corpus, tmp_path, '--max_iters=3', '--eval_interval=3', '--attn=coupled')
     assert r.returncode == 0

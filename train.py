@@ -137,7 +137,7 @@ if init_from == 'resume' or eval_only:
     try:
         checkpoint = torch.load(ckpt_path, map_location='cpu', weights_only=True)
         ckpt_args = dict(checkpoint['model_args'])
-        ckpt_config = dict(checkpoint['config'])
+        ckpt_config = {'qk_decay': True} | dict(checkpoint['config'])  # runs from before qk_decay decayed the dynamics
         for key in ('model', 'optimizer', 'iter_num', 'best_val_loss'):
             checkpoint[key]
     except Exception as e:
@@ -275,7 +275,11 @@ model.to(device)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, qk_decay)
 if checkpoint is not None and not eval_only:
-    optimizer.load_state_dict(checkpoint['optimizer'])
+    try:
+        optimizer.load_state_dict(checkpoint['optimizer'])
+    except ValueError as e:
+        die(f"{ckpt_path}'s optimizer state does not fit this run's ({e}); resume it with the settings it was "
+            "trained with, or evaluate it with --eval_only=True")
     if 'rng' in checkpoint and world_size == checkpoint.get('world_size', 1):  # data position and dropout RNG
         train_gen.set_state(checkpoint['rng'][rank]['batches'])
         torch.set_rng_state(checkpoint['rng'][rank]['torch'])
