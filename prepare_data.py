@@ -307,11 +307,11 @@ def remove_debris(out):
         stem, _, pid = fn.rpartition('.tmp')
         if stem and pid.isdigit():
             try:
-                os.kill(int(pid), 0)  # still running: another prepare_data.py at work
-            except ProcessLookupError:
+                os.kill(int(pid), 0)  # no error: still running, another prepare_data.py at work
+            except ProcessLookupError:  # its process is gone: debris
                 os.remove(os.path.join(out, fn))
-            except OSError:
-                pass
+            except PermissionError:  # alive, and another user's: leave it
+                continue
 
 
 def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1, data_dir='data', force=False):
