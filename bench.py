@@ -3,12 +3,14 @@ Two jobs. First, time attention variants against standard attention: a training 
 generation with the KV cache vs recomputing the context; variants run interleaved (A B B A ...) after a warm-up,
 medians reported, next to a FLOP model of what a perfect implementation would pay. Second, with --report,
 tabulate finished train.py runs (full-split perplexity over seeds, the coupling diagnostic) and plot their curves.
+Third, with --plan, print the paper's 60M WikiText-103 ablation as one-GPU commands, with the FLOP model's cost.
 
   python bench.py                                              # standard vs coupled, small preset, CPU-friendly
   python bench.py --preset=60m --batch_size=4 --block_size=256 --attn=standard,coupled,euler,uncoupled
   python bench.py --preset=60m --device=cuda --compile=True --dtype=bfloat16 --batch_size=16 --block_size=1024
   python bench.py --report=runs --plot=curves.png    # table (and learning curves) of the train.py runs under runs/
   python bench.py --report=out-standard,out-coupled   # or of any run folders
+  python bench.py --plan                              # the GPU recipe: commands, tokens, estimated GPU time
 """
 import argparse
 import ctypes
@@ -31,8 +33,8 @@ MODES = ('train', 'forward', 'generate')
 
 def load_runs(folders):
     """Every finished train.py run in or under the given folders: {(corpus, label): [run, ...]}. A run is labeled by
-    its folder's name without a '-s<seed>' suffix, or, where the name says nothing (out, out-coupled...), by its
-    attn; its corpus is the dataset it trained on."""
+    its folder's name without a '-s<seed>' suffix and an 'out-' prefix (out-coupled-s2: coupled), 'out' by its attn;
+    its corpus is the dataset it trained on. Rows are compared with the label 'standard' on the same corpus."""
     runs = {}
     paths = sorted({p for f in folders for p in glob.glob(os.path.join(f, '**', 'metrics.jsonl'), recursive=True)})
     for path in paths:
@@ -49,15 +51,12 @@ def load_runs(folders):
             continue
         cfg, name = start[-1]['config'], os.path.basename(os.path.dirname(os.path.abspath(path)))
         label, _, seed = name.rpartition('-s')
-        if not (label and seed.isdigit()):
-            label = cfg['attn']
-            for prefix in ('out-', 'out_', 'out'):
-                if name.startswith(prefix) and name[len(prefix):].split('-')[0] in ATTN:
-                    label = name[len(prefix):]
-                    break
+        label = label if label and seed.isdigit() else name
+        label = label.removeprefix('out-').removeprefix('out_')
+        label = cfg['attn'] if label in ('out', '') else label
         evals = [r for r in log if r.get('event') == 'eval']
-        runs.setdefault((cfg['dataset'], label), []).append(dict(final=final[-1], evals=evals, config=cfg,
-                                                                  ms=[r['ms'] for r in log if r.get('event') == 'train']))
+        ms = [r['ms'] for r in log if r.get('event') == 'train']
+        runs.setdefault((cfg['dataset'], label), []).append(dict(final=final[-1], evals=evals, config=cfg, ms=ms))
     return runs
 
 
@@ -106,6 +105,50 @@ def report(folders, plot):
         print(f"wrote {plot}", file=sys.stderr)
 
 
+# FLOP model: what a perfect implementation would pay, per token of a training step (forward + backward = 3x fwd)
+
+def flops_per_token(cfg, T):
+    C, L, nh, hs, m, n = cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.qk_hidden, cfg.qk_steps
+    h, hi = max(1, m // 4), max(1, round(0.4 * m))  # hidden widths of uncoupled's and invertible's nets
+    matmul = 2 * (L * 12 * C * C + C * cfg.vocab_size)              # c_attn, c_proj, c_fc, mlp.c_proj; lm_head
+    attend = L * 2 * T * C * (3 if cfg.attn.startswith('diff') else 2) / 2  # q k^T and (attention) v, causal half
+    force = 4 * m * hs + 10 * m                                    # W q, W^T (.), silu' elementwise
+    qk = {'coupled': (n + 1) * force + n * 6 * hs, 'euler': n * (force + 4 * hs),
+          'uncoupled': n * 2 * (4 * h * hs + 5 * h + 2 * hs), 'invertible': n * 2 * (6 * hi * hs + 5 * hi + 8 * hs),
+          }.get(cfg.attn.removeprefix('diff').removeprefix('+'), 0) * L * nh
+    return 3 * (matmul + attend + qk)
+
+
+# The paper's 60M WikiText-103 ablation on one GPU: each run is $R, its flags and a folder under runs/60m. 20,000
+# iterations of 32 x 4 x 512 tokens = 1.31B tokens (our choice: the paper's budget is not public).
+RECIPE = ("python train.py --preset=60m --dataset=wikitext103 --block_size=512 --batch_size=32 "
+          "--gradient_accumulation_steps=4 --learning_rate=6e-4 --min_lr=6e-5 --warmup_iters=1000 --max_iters=20000 "
+          "--eval_interval=1000 --dtype=bfloat16 --compile=True")
+RECIPE_RUNS = [('standard', '--attn=standard'), ('coupled', '--attn=coupled'), ('euler', '--attn=euler'),
+               ('uncoupled', '--attn=uncoupled'), ('coupled-steps7', '--attn=coupled --qk_steps=7'),
+               ('invertible', '--attn=invertible'), ('diff', '--attn=diff'), ('diff+coupled', '--attn=diff+coupled'),
+               ('standard-2.4x', '--attn=standard --max_iters=48000')]  # the paper's compute match: 2.4x the tokens
+GPUS = {'H100': 989e12, 'A100': 312e12}  # dense bf16 peak FLOP/s (SXM)
+UTILISATION = 0.35
+
+
+def plan():
+    """The GPU recipe as a markdown table: each run's command, tokens and its training time from the FLOP model at
+    35% of the GPU's bf16 peak (evaluation adds ~1%)."""
+    flags = lambda text: dict(a.removeprefix('--').split('=', 1) for a in text.split() if a.startswith('--'))
+    print(f"R=\"{RECIPE}\"\n")
+    print("| run | command | tokens | GFLOP/token | " + ' | '.join(f"{g} at {UTILISATION:.0%}" for g in GPUS)
+          + " |\n|---|---|---|---|" + '---|' * len(GPUS))
+    for name, extra in RECIPE_RUNS:
+        f = flags(RECIPE) | flags(extra)
+        cfg = GPTConfig(attn=f['attn'], qk_steps=int(f.get('qk_steps', 1)), **PRESETS[f['preset']])
+        tokens = math.prod(int(f[k]) for k in ('batch_size', 'gradient_accumulation_steps', 'block_size', 'max_iters'))
+        flop = flops_per_token(cfg, int(f['block_size']))
+        hours = [tokens * flop / (UTILISATION * peak) / 3600 for peak in GPUS.values()]
+        print(f"| {name} | `$R {extra} --out_dir=runs/60m/{name}` | {tokens / 1e9:.2f}B | {flop / 1e9:.3f} | "
+              + ' | '.join(f"{h * 60:.0f} min" if h < 2 else f"{h:.1f} h" for h in hours) + ' |')
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not a usage dump
         sys.exit(f"error: {message}; see python bench.py --help")
@@ -129,10 +172,14 @@ p.add_argument('--compile', default='False', choices=['True', 'False'])
 p.add_argument('--json_out', default='', help='write one JSON record per (variant, mode) to this file')
 p.add_argument('--report', default='', help='instead of timing: tabulate train.py runs in or under these '
                                            'comma-separated folders')
+p.add_argument('--plan', action='store_true', help="print the paper's 60M ablation as GPU commands with their cost")
 p.add_argument('--plot', default='', help='with --report: write learning curves of standard vs coupled here')
 args = p.parse_args()
 if args.report:
     report(args.report.split(','), args.plot)
+    sys.exit(0)
+if args.plan:
+    plan()
     sys.exit(0)
 for name, low in (('iters', 1), ('warmup', 0), ('batch_size', 1), ('block_size', 1), ('new_tokens', 1),
                   ('vocab_size', 2), ('qk_steps', 1)):
@@ -198,21 +245,6 @@ def make(attn):
     opt = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if cuda else 'cpu')
     fwd = torch.compile(model) if args.compile == 'True' else model
     return model, fwd, opt
-
-
-# -----------------------------------------------------------------------------------------------------------
-# FLOP model: what a perfect implementation would pay, per token of a training step (forward + backward = 3x fwd)
-
-def flops_per_token(cfg, T):
-    C, L, nh, hs, m, n = cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.qk_hidden, cfg.qk_steps
-    h, hi = max(1, m // 4), max(1, round(0.4 * m))  # hidden widths of uncoupled's and invertible's nets
-    matmul = 2 * (L * 12 * C * C + C * cfg.vocab_size)              # c_attn, c_proj, c_fc, mlp.c_proj; lm_head
-    attend = L * 2 * T * C * (3 if cfg.attn.startswith('diff') else 2) / 2  # q k^T and (attention) v, causal half
-    force = 4 * m * hs + 10 * m                                    # W q, W^T (.), silu' elementwise
-    qk = {'coupled': (n + 1) * force + n * 6 * hs, 'euler': n * (force + 4 * hs),
-          'uncoupled': n * 2 * (4 * h * hs + 5 * h + 2 * hs), 'invertible': n * 2 * (6 * hi * hs + 5 * hi + 8 * hs),
-          }.get(cfg.attn.removeprefix('diff').removeprefix('+'), 0) * L * nh
-    return 3 * (matmul + attend + qk)
 
 
 # -----------------------------------------------------------------------------------------------------------

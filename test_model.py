@@ -13,11 +13,13 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -965,11 +967,67 @@ def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(corpus, tmp_p
 
 def test_compile_works_on_cpu(corpus, tmp_path):
     r = train(corpus, tmp_path, '--compile=True', '--max_iters=3', '--eval_interval=3', '--n_layer=1',
-              '--attn=coupled', timeout=600)
+              '--attn=coupled', '--dtype=bfloat16', timeout=600)  # as the GPU recipe: bf16 autocast, compiled
     assert r.returncode == 0, r.stderr[-2000:]
     assert 'compiling' in r.stdout and 'torch.compile failed' not in r.stdout
     ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
     assert not any(k.startswith('_orig_mod.') for k in ckpt['model'])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the README's one-GPU recipe: every command's code path, on CPU, at a reduced shape
+
+def gpu_recipe():
+    """The README's recipe: the command R and each run's (name, flags after $R)."""
+    ladder = readme_section('The ladder')
+    return re.search(r'^R="(.*)"$', ladder, re.M).group(1), re.findall(r'^\| (\S+) \| `\$R (.*?)` \|', ladder, re.M)
+
+
+def test_readme_gpu_recipe_is_what_bench_plan_prints():
+    r = run('bench.py', '--plan')
+    assert r.returncode == 0, r.stderr
+    ladder = readme_section('The ladder')
+    assert all(line in ladder for line in r.stdout.splitlines())  # the README shows bench.py's recipe, as printed
+    names = [name for name, flags in gpu_recipe()[1]]
+    assert names == ['standard', 'coupled', 'euler', 'uncoupled', 'coupled-steps7', 'invertible', 'diff',
+                     'diff+coupled', 'standard-2.4x']
+
+
+@pytest.fixture(scope='module')
+def wikitext103(tmp_path_factory):
+    """WikiText-103 as the recipe reads it: a zip with the archive's layout, through prepare_data.py's --input."""
+    if not os.environ.get('TIKTOKEN_CACHE_DIR'):
+        pytest.skip('TIKTOKEN_CACHE_DIR is not set: the gpt2 tokenizer would need the network')
+    import zipfile
+    d = tmp_path_factory.mktemp('wikitext103')
+    article = lambda i: (f" = Article {i} = \n\n The {i} th query evolves with its key under a learned potential ; "
+                         f"the step size is {i % 7} tenths . \n\n = = History = = \n\n Founded in {1900 + i} . \n")
+    with zipfile.ZipFile(d / 'wikitext-103-raw-v1.zip', 'w') as z:
+        for split, n in (('train', 300), ('valid', 6), ('test', 6)):  # bf16 on a CPU is slow
+            z.writestr(f'wikitext-103-raw/wiki.{split}.raw', ''.join(article(i) for i in range(n)))
+    r = run('prepare_data.py', 'wikitext103', f'--input={d / "wikitext-103-raw-v1.zip"}', f'--data_dir={d / "data"}')
+    assert r.returncode == 0, r.stderr
+    return d / 'data'
+
+
+REDUCED = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=2',
+           '--gradient_accumulation_steps=2', '--max_iters=2', '--eval_interval=2', '--eval_iters=2',
+           '--warmup_iters=1', '--compile=False', '--device=cpu']  # torch.compile: test_compile_works_on_cpu
+
+
+def test_every_gpu_recipe_command_runs_at_a_reduced_shape_and_tabulates(wikitext103, tmp_path):
+    prefix, rows = gpu_recipe()
+    command = lambda flags: shlex.split(prefix)[2:] + shlex.split(flags) + REDUCED + [f'--data_dir={wikitext103}']
+    with ThreadPoolExecutor(2) as pool:  # two at a time, one thread each
+        results = list(pool.map(lambda row: run(os.path.join(HERE, 'train.py'), *command(row[1]), cwd=tmp_path), rows))
+    for (name, flags), r in zip(rows, results):
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+        assert 'bfloat16' in r.stdout and 'full val split' in r.stdout and 'full test split' in r.stdout, name
+        final = metrics(tmp_path / 'runs' / '60m' / name)[-1]
+        assert final['event'] == 'final' and all(math.isfinite(final[k]) for k in ('val_ppl', 'test_ppl', 'val_bpb'))
+    r = run('bench.py', f'--report={tmp_path / "runs" / "60m"}')
+    assert r.returncode == 0, r.stderr
+    assert all(f'| wikitext103 | {name} | 1 |' in r.stdout for name, flags in rows), r.stdout
 
 
 # ---------------------------------------------------------------------------------------------------------------
