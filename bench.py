@@ -105,6 +105,7 @@ def report(folders, plot):
         print(f"wrote {plot}", file=sys.stderr)
 
 
+# -----------------------------------------------------------------------------------------------------------
 # FLOP model: what a perfect implementation would pay, per token of a training step (forward + backward = 3x fwd)
 
 def flops_per_token(cfg, T):
@@ -136,11 +137,12 @@ def plan():
     """The GPU recipe as a markdown table: each run's command, tokens and its training time from the FLOP model at
     35% of the GPU's bf16 peak (evaluation adds ~1%)."""
     flags = lambda text: dict(a.removeprefix('--').split('=', 1) for a in text.split() if a.startswith('--'))
+    base = flags(RECIPE)
     print(f"R=\"{RECIPE}\"\n")
     print("| run | command | tokens | GFLOP/token | " + ' | '.join(f"{g} at {UTILISATION:.0%}" for g in GPUS)
           + " |\n|---|---|---|---|" + '---|' * len(GPUS))
     for name, extra in RECIPE_RUNS:
-        f = flags(RECIPE) | flags(extra)
+        f = base | flags(extra)
         cfg = GPTConfig(attn=f['attn'], qk_steps=int(f.get('qk_steps', 1)), **PRESETS[f['preset']])
         tokens = math.prod(int(f[k]) for k in ('batch_size', 'gradient_accumulation_steps', 'block_size', 'max_iters'))
         flop = flops_per_token(cfg, int(f['block_size']))

@@ -50,7 +50,6 @@ CORPORA = {
 }
 
 
-
 class DataError(Exception):
     """Bad input or a failed download: reported as one line."""
 
