@@ -1,9 +1,9 @@
 """
-Two jobs. First, time attention variants against standard attention: a training step, a forward pass, and
-generation with the KV cache vs recomputing the context; variants run interleaved (A B B A ...) after a warm-up,
-medians reported, next to a FLOP model of what a perfect implementation would pay. Second, with --report,
-tabulate finished train.py runs (full-split perplexity over seeds, the coupling diagnostic) and plot their curves.
-Third, with --plan, print the paper's 60M WikiText-103 ablation as one-GPU commands, with the FLOP model's cost.
+Speed and results. By default, time attention variants against standard attention: a training step, a forward pass,
+and generation with the KV cache vs recomputing the context; variants run interleaved (A B B A ...) after a warm-up,
+medians reported, next to the FLOP model of what a perfect implementation would pay (model.flops_per_token).
+Three other jobs: --report tabulates finished train.py runs (and --plot draws their learning curves); --plan prints
+the paper's 60M WikiText-103 ablation as one-GPU commands; --gpu_check is the prepared check for a CUDA machine.
 
   python bench.py                                              # standard vs coupled, small preset, CPU-friendly
   python bench.py --preset=60m --batch_size=4 --block_size=256 --attn=standard,coupled,euler,uncoupled
@@ -11,6 +11,7 @@ Third, with --plan, print the paper's 60M WikiText-103 ablation as one-GPU comma
   python bench.py --report=runs --plot=curves.png    # table (and learning curves) of the train.py runs under runs/
   python bench.py --report=out-standard,out-coupled   # or of any run folders
   python bench.py --plan                              # the GPU recipe: commands, tokens, estimated GPU time
+  python bench.py --gpu_check                         # on one GPU, ~10 minutes: speed, MFU and loss at 60m
 """
 import argparse
 import ctypes
@@ -20,108 +21,223 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from contextlib import nullcontext
 
 import torch
 
-from model import ATTN, PRESETS, GPT, GPTConfig
+from model import GPU_PEAK_FLOPS, PRESETS, GPT, GPTConfig, attn_names, flops_per_token, median_layer
 
 MODES = ('train', 'forward', 'generate')
 
 
+def flop_ratio(cfg, T):  # the FLOP model's cost of cfg's variant over standard attention of the same shape
+    return flops_per_token(cfg, T) / flops_per_token(GPTConfig(**{**cfg.__dict__, 'attn': 'standard'}), T)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# --report: finished train.py runs, grouped into rows of comparable runs
+
+# settings that change neither the model nor its training: runs that differ only in these share a row
+NOT_COMPARED = {'seed', 'out_dir', 'data_dir', 'init_from', 'eval_only', 'device', 'dtype', 'compile', 'preset',
+                'log_interval', 'eval_interval', 'eval_iters', 'always_save_checkpoint', 'time_budget', 'sample',
+                'sample_tokens'}
+
+
+def read_log(path):
+    """The records of a metrics.jsonl; a cut line (a run killed while writing) or a line that is not a record is
+    skipped with a warning."""
+    records = []
+    for i, line in enumerate(open(path, encoding='utf-8', errors='replace'), 1):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            r = None
+        if not isinstance(r, dict) or not isinstance(r.get('event'), str):
+            print(f"warning: {path}:{i} is not a log record (a run killed while writing?); skipped", file=sys.stderr)
+            continue
+        records.append(r)
+    return records
+
+
 def load_runs(folders):
-    """Every finished train.py run in or under the given folders: {(corpus, label): [run, ...]}. A run is labeled by
-    its folder's name without a '-s<seed>' suffix and an 'out-' prefix (out-coupled-s2: coupled), 'out' by its attn;
-    its corpus is the dataset it trained on. Rows are compared with the label 'standard' on the same corpus."""
-    runs = {}
+    """Every finished train.py run in or under the given folders. A run is labeled by its folder's name without a
+    '-s<seed>' suffix and an 'out-' prefix (out-coupled-s2: coupled), 'out' by its attn."""
+    runs = []
     paths = sorted({p for f in folders for p in glob.glob(os.path.join(f, '**', 'metrics.jsonl'), recursive=True)})
     for path in paths:
-        log = []
-        for i, line in enumerate(open(path), 1):
-            try:
-                log.append(json.loads(line))
-            except ValueError:
-                print(f"warning: {path}:{i} is not a JSON line (a run killed while writing?); skipped", file=sys.stderr)
-        start = [r for r in log if r.get('event') == 'start']
-        final = [r for r in log if r.get('event') == 'final']
+        log = read_log(path)
+        start = [r for r in log if r['event'] == 'start' and isinstance(r.get('config'), dict)]
+        final = [r for r in log if r['event'] == 'final']
         if not start or not final:
             print(f"note: {path} is not a finished run; left out", file=sys.stderr)
+            continue
+        if not all(isinstance(final[-1].get(k), (int, float)) for k in ('val_ppl', 'val_loss', 'tokens')):
+            print(f"note: {path}'s final record lacks val_ppl, val_loss or tokens; left out", file=sys.stderr)
             continue
         cfg, name = start[-1]['config'], os.path.basename(os.path.dirname(os.path.abspath(path)))
         label, _, seed = name.rpartition('-s')
         label = label if label and seed.isdigit() else name
         label = label.removeprefix('out-').removeprefix('out_')
-        label = cfg['attn'] if label in ('out', '') else label
-        evals = [r for r in log if r.get('event') == 'eval']
-        ms = [r['ms'] for r in log if r.get('event') == 'train']
-        runs.setdefault((cfg['dataset'], label), []).append(dict(final=final[-1], evals=evals, config=cfg, ms=ms))
+        label = cfg.get('attn', '?') if label in ('out', '') else label
+        evals = [r for r in log if r['event'] == 'eval' and isinstance(r.get('val_loss'), (int, float))]
+        ms = [r['ms'] for r in log if r['event'] == 'train' and isinstance(r.get('ms'), (int, float))]
+        kind = {k: v for k, v in cfg.items() if k not in NOT_COMPARED} | {'tokens': final[-1]['tokens']}
+        runs.append(dict(path=path, label=label, corpus=cfg.get('dataset', '?'), config=cfg, kind=kind,
+                         final=final[-1], evals=evals, ms=ms))
     return runs
+
+
+def group_runs(runs):
+    """Rows: runs of one corpus and label that agree in everything that makes them comparable (model, attention
+    settings, training settings, tokens trained). A label whose runs differ becomes several rows, each named by the
+    settings that differ, with a note."""
+    rows, notes = {}, []
+    by_label = {}
+    for r in runs:
+        by_label.setdefault((r['corpus'], r['label']), []).append(r)
+    for (corpus, label), rs in by_label.items():
+        kinds = []
+        for r in rs:
+            if r['kind'] not in kinds:
+                kinds.append(r['kind'])
+        differ = sorted({k for a in kinds for b in kinds for k in set(a) | set(b) if a.get(k) != b.get(k)})
+        if len(kinds) > 1:
+            notes.append(f"note: {corpus}/{label}: its runs are not all alike ({', '.join(differ)} differ); "
+                         f"shown as {len(kinds)} rows")
+        for kind in kinds:
+            name = label if len(kinds) == 1 else label + ' [' + ', '.join(f"{k}={kind.get(k)}" for k in differ) + ']'
+            rows[(corpus, name)] = dict(label=label, kind=kind, runs=[r for r in rs if r['kind'] == kind])
+    return rows, notes
+
+
+SHAPE = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'pos', 'vocab_size')
+
+
+def same_shape(a, b):
+    return all(a.get(k) == b.get(k) for k in SHAPE)
+
+
+def curve(row):
+    """Mean over seeds of the row's validation estimates: [(tokens, loss)] at the evals every seed logged."""
+    per_seed = [{e['tokens']: e['val_loss'] for e in r['evals'] if 'tokens' in e} for r in row['runs']]
+    common = sorted(set.intersection(*(set(p) for p in per_seed))) if per_seed else []
+    return [(t, statistics.mean(p[t] for p in per_seed)) for t in common]
+
+
+def tokens_to_reach(points, target):
+    """The first token count at which a curve [(tokens, loss)] reaches target, linearly interpolated; None: never."""
+    for (t0, l0), (t1, l1) in zip([(0, math.inf)] + points, points):
+        if l1 <= target:
+            return t1 if l0 == math.inf else t0 + (t1 - t0) * (l0 - target) / (l0 - l1)
+    return None
+
+
+def token_ratio(row, rows, corpus):
+    """Tokens standard attention needs to reach this row's final validation estimate, over this row's tokens: the
+    paper's "2.4x". Read off one curve: that of the standard-attention row of the same corpus and shape, scoring
+    the same batches, that trained longest (e.g. standard-2.4x); mean over seeds, linearly interpolated between
+    evals, '> N' when it never gets there. Returns (ratio, the reference row)."""
+    ref = [r for (c, _), r in rows.items() if c == corpus and r['kind'].get('attn') == 'standard'
+           and same_shape(r['kind'], row['kind']) and same_batches(r, row) and curve(r)]
+    last = [r['evals'][-1]['val_loss'] for r in row['runs'] if r['evals']]
+    if not ref or not last:
+        return '-', None
+    ref = max(ref, key=lambda r: (r['kind']['tokens'], len(r['runs'])))
+    needed, tokens = tokens_to_reach(curve(ref), statistics.mean(last)), row['kind']['tokens']
+    return (f"{needed / tokens:.2f}x" if needed is not None else f"> {curve(ref)[-1][0] / tokens:.2f}x"), ref
+
+
+def same_batches(a, b):  # the 40-batch estimates score the same batches only with these settings equal
+    ca, cb = a['runs'][0]['config'], b['runs'][0]['config']
+    return all(ca.get(k) == cb.get(k) for k in ('eval_iters', 'batch_size', 'block_size', 'dataset'))
 
 
 def report(folders, plot):
     """Full-split validation perplexity of train.py runs: mean and spread over seeds, change against standard on the
-    same corpus, the coupling diagnostic at the end; optionally learning curves (needs matplotlib)."""
+    same corpus, the tokens standard needs to match, the coupling diagnostic at the end; optionally curves."""
     runs = load_runs(folders)
     if not runs:
         sys.exit(f"error: no finished train.py runs in {', '.join(folders)}; name run folders (--out_dir of train.py)")
-    ppl = {k: [r['final']['val_ppl'] for r in v] for k, v in runs.items()}
-    print("| corpus | variant | seeds | val ppl (full split, mean +- std) | vs standard | nonlinear | dt | tokens "
-          "| ms/iter |\n|---|---|---|---|---|---|---|---|---|")
-    for corpus, label in sorted(ppl, key=lambda k: (k[0], k[1] != 'standard', statistics.mean(ppl[k]))):
-        p, base = ppl[(corpus, label)], ppl.get((corpus, 'standard'))
-        mean = statistics.mean(p)
-        spread = f"{mean:.3f} +- {statistics.stdev(p):.3f}" if len(p) > 1 else f"{mean:.3f}"
-        rel = f"{100 * (mean / statistics.mean(base) - 1):+.1f}%" if base else '-'
-        qk = [r['evals'][-1].get('qk') for r in runs[(corpus, label)] if r['evals']]
-        nonlin = [statistics.median(s['nonlinear'] for s in q) for q in qk if q]
+    rows, notes = group_runs(runs)
+    ppl = {k: [r['final']['val_ppl'] for r in row['runs']] for k, row in rows.items()}
+    print("| corpus | variant | seeds | val ppl (full split, mean +- std) | vs standard | standard tokens to match "
+          "| nonlinear | dt | tokens | ms/iter |\n|---|---|---|---|---|---|---|---|---|---|")
+    used = {}
+    for corpus, name in sorted(rows, key=lambda k: (k[0], rows[k]['label'] != 'standard', statistics.mean(ppl[k]))):
+        row = rows[(corpus, name)]
+        p, tokens = ppl[(corpus, name)], row['kind']['tokens']
+        spread = f"{statistics.mean(p):.3f} +- {statistics.stdev(p):.3f}" if len(p) > 1 else f"{p[0]:.3f}"
+        base = [k for k, b in rows.items() if k[0] == corpus and b['label'] == 'standard'
+                and same_shape(b['kind'], row['kind'])]
+        base = sorted(base, key=lambda k: rows[k]['kind']['tokens'] != tokens)[:1]  # same tokens first
+        rel = '-'
+        if base:
+            rel = f"{100 * (statistics.mean(p) / statistics.mean(ppl[base[0]]) - 1):+.1f}%"
+            if rows[base[0]]['kind']['tokens'] != tokens:  # never compared silently
+                rel += f" at {tokens / rows[base[0]]['kind']['tokens']:.2f}x its tokens"
+        ratio, ref = token_ratio(row, rows, corpus)
+        if ref is not None:
+            used.setdefault(corpus, set()).add(id(ref))
+        qk = [r['evals'][-1].get('qk') for r in row['runs'] if r['evals']]
+        nonlin = [median_layer(q, 'nonlinear') for q in qk if q]
         dts = [statistics.mean(d for s in q for d in s.get('dt', [])) for q in qk if q and 'dt' in q[0]]
-        ms = statistics.median(m for r in runs[(corpus, label)] for m in r['ms'][1:] or r['ms'] or [0])
-        print(f"| {corpus} | {label} | {len(p)} | {spread} | {rel} | "
+        ms = [m for r in row['runs'] for m in r['ms'][1:] or r['ms']]
+        print(f"| {corpus} | {name} | {len(p)} | {spread} | {rel} | {ratio} | "
               f"{f'{100 * statistics.mean(nonlin):.2f}%' if nonlin else '-'} | "
-              f"{f'{statistics.mean(dts):.3f}' if dts else '-'} | {runs[(corpus, label)][0]['final']['tokens']:,} | "
-              f"{ms:.0f} |")
+              f"{f'{statistics.mean(dts):.3f}' if dts else '-'} | {tokens:,} | "
+              f"{f'{statistics.median(ms):.0f}' if ms else '-'} |")
+    for corpus in sorted(used):
+        refs = [f"{name} ({len(r['runs'])} seed{'s' * (len(r['runs']) > 1)}, {len(curve(r))} evals to "
+                f"{curve(r)[-1][0]:,} tokens)"
+                for (c, name), r in rows.items() if id(r) in used[corpus]]
+        n = next(r for (c, _), r in rows.items() if id(r) in used[corpus])['runs'][0]['config'].get('eval_iters')
+        print(f"\n{corpus}: 'standard tokens to match' reads the curve of {' and '.join(refs)}: its {n}-batch "
+              f"validation estimates, mean over seeds, at the first crossing of each row's final estimate, linearly "
+              f"interpolated between evals. Estimates are noisy, and a point mid-run is not the end of a run that "
+              f"long (its learning rate has not decayed yet): standard's own row calibrates the reading")
+    for note in notes:
+        print(note, file=sys.stderr)
     if plot:
-        try:
-            import matplotlib
-            matplotlib.use('Agg')
-            import matplotlib.pyplot as plt
-        except ImportError:
-            sys.exit("error: --plot needs matplotlib (pip install matplotlib); the table above needs nothing")
-        corpora = sorted({c for c, label in runs if label in ('standard', 'coupled')})
-        fig, axes = plt.subplots(1, len(corpora), figsize=(3.6 * len(corpora), 3.4), squeeze=False)
-        for ax, corpus in zip(axes[0], corpora):
-            for label, color in (('standard', 'tab:blue'), ('coupled', 'tab:red')):
-                for i, r in enumerate(runs.get((corpus, label), [])):
-                    ax.plot([e['iter'] for e in r['evals'][1:]], [math.exp(e['val_loss']) for e in r['evals'][1:]],
-                            color=color, alpha=0.6, marker='.', label=label if i == 0 else None)
-            ax.set(xlabel='iteration', title=corpus)
-            ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel('validation perplexity (estimate)')
-        axes[0][0].legend()
-        fig.tight_layout()
-        fig.savefig(plot, dpi=100)
-        print(f"wrote {plot}", file=sys.stderr)
+        plot_curves(rows, plot)
+
+
+def plot_curves(rows, path):
+    """Validation estimates against tokens, a line per row (mean over seeds, band: min to max), a panel per corpus."""
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("error: --plot needs matplotlib (pip install matplotlib); the table above needs nothing")
+    corpora = sorted({c for c, _ in rows})
+    fig, axes = plt.subplots(1, len(corpora), figsize=(4.2 * len(corpora), 3.6), squeeze=False)
+    for ax, corpus in zip(axes[0], corpora):
+        for (c, name), row in sorted(rows.items(), key=lambda kv: kv[0][1]):
+            if c != corpus or not curve(row):
+                continue
+            per_seed = [{e['tokens']: e['val_loss'] for e in r['evals']} for r in row['runs']]
+            t = [x for x, _ in curve(row)][1:]  # from the first eval after step 0
+            ys = [[math.exp(p[x]) for p in per_seed] for x in t]
+            line, = ax.plot([x / 1e6 for x in t], [statistics.mean(y) for y in ys], label=name, lw=1.3,
+                            ls='--' if row['kind'].get('attn') == 'standard' else '-')
+            ax.fill_between([x / 1e6 for x in t], [min(y) for y in ys], [max(y) for y in ys], alpha=0.15,
+                            color=line.get_color())
+        ax.set(xlabel='tokens (millions)', title=corpus, yscale='log')
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel('validation perplexity (estimate)')
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path}", file=sys.stderr)
 
 
 # -----------------------------------------------------------------------------------------------------------
-# FLOP model: what a perfect implementation would pay, per token of a training step (forward + backward = 3x fwd)
+# --plan: the paper's 60M WikiText-103 ablation on one GPU. Each run is $R, its flags and a folder under runs/60m.
+# 20,000 iterations of 32 x 4 x 512 tokens = 1.31B tokens (our choice: the paper's budget is not public).
 
-def flops_per_token(cfg, T):
-    C, L, nh, hs, m, n = cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.qk_hidden, cfg.qk_steps
-    h, hi = max(1, m // 4), max(1, round(0.4 * m))  # hidden widths of uncoupled's and invertible's nets
-    matmul = 2 * (L * 12 * C * C + C * cfg.vocab_size)              # c_attn, c_proj, c_fc, mlp.c_proj; lm_head
-    attend = L * 2 * T * C * (3 if cfg.attn.startswith('diff') else 2) / 2  # q k^T and (attention) v, causal half
-    force = 4 * m * hs + 10 * m                                    # W q, W^T (.), silu' elementwise
-    qk = {'coupled': (n + 1) * force + n * 6 * hs, 'euler': n * (force + 4 * hs),
-          'uncoupled': n * 2 * (4 * h * hs + 5 * h + 2 * hs), 'invertible': n * 2 * (6 * hi * hs + 5 * hi + 8 * hs),
-          }.get(cfg.attn.removeprefix('diff').removeprefix('+'), 0) * L * nh
-    return 3 * (matmul + attend + qk)
-
-
-# The paper's 60M WikiText-103 ablation on one GPU: each run is $R, its flags and a folder under runs/60m. 20,000
-# iterations of 32 x 4 x 512 tokens = 1.31B tokens (our choice: the paper's budget is not public).
 RECIPE = ("python train.py --preset=60m --dataset=wikitext103 --block_size=512 --batch_size=32 "
           "--gradient_accumulation_steps=4 --learning_rate=6e-4 --min_lr=6e-5 --warmup_iters=1000 --max_iters=20000 "
           "--eval_interval=1000 --dtype=bfloat16 --compile=True")
@@ -129,7 +245,7 @@ RECIPE_RUNS = [('standard', '--attn=standard'), ('coupled', '--attn=coupled'), (
                ('uncoupled', '--attn=uncoupled'), ('coupled-steps7', '--attn=coupled --qk_steps=7'),
                ('invertible', '--attn=invertible'), ('diff', '--attn=diff'), ('diff+coupled', '--attn=diff+coupled'),
                ('standard-2.4x', '--attn=standard --max_iters=48000')]  # the paper's compute match: 2.4x the tokens
-GPUS = {'H100': 989e12, 'A100': 312e12}  # dense bf16 peak FLOP/s (SXM)
+PLAN_GPUS = ('H100', 'A100')
 UTILISATION = 0.35
 
 
@@ -137,77 +253,22 @@ def plan():
     """The GPU recipe as a markdown table: each run's command, tokens and its training time from the FLOP model at
     35% of the GPU's bf16 peak (evaluation adds ~1%)."""
     flags = lambda text: dict(a.removeprefix('--').split('=', 1) for a in text.split() if a.startswith('--'))
-    base = flags(RECIPE)
+    base, peaks = flags(RECIPE), dict(GPU_PEAK_FLOPS)
     print(f"R=\"{RECIPE}\"\n")
-    print("| run | command | tokens | GFLOP/token | " + ' | '.join(f"{g} at {UTILISATION:.0%}" for g in GPUS)
-          + " |\n|---|---|---|---|" + '---|' * len(GPUS))
+    print("| run | command | tokens | GFLOP/token | " + ' | '.join(f"{g} at {UTILISATION:.0%}" for g in PLAN_GPUS)
+          + " |\n|---|---|---|---|" + '---|' * len(PLAN_GPUS))
     for name, extra in RECIPE_RUNS:
         f = base | flags(extra)
         cfg = GPTConfig(attn=f['attn'], qk_steps=int(f.get('qk_steps', 1)), **PRESETS[f['preset']])
         tokens = math.prod(int(f[k]) for k in ('batch_size', 'gradient_accumulation_steps', 'block_size', 'max_iters'))
         flop = flops_per_token(cfg, int(f['block_size']))
-        hours = [tokens * flop / (UTILISATION * peak) / 3600 for peak in GPUS.values()]
+        hours = [tokens * flop / (UTILISATION * peaks[g]) / 3600 for g in PLAN_GPUS]
         print(f"| {name} | `$R {extra} --out_dir=runs/60m/{name}` | {tokens / 1e9:.2f}B | {flop / 1e9:.3f} | "
               + ' | '.join(f"{h * 60:.0f} min" if h < 2 else f"{h:.1f} h" for h in hours) + ' |')
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not a usage dump
-        sys.exit(f"error: {message}; see python bench.py --help")
-
-
-p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-p.add_argument('--preset', default='small', choices=list(PRESETS))
-p.add_argument('--attn', default='standard,coupled', help=f"comma-separated, from: {', '.join(ATTN)}")
-p.add_argument('--mode', default='train,forward,generate', help='comma-separated, from: ' + ', '.join(MODES))
-p.add_argument('--batch_size', type=int, default=4)
-p.add_argument('--block_size', type=int, default=256)
-p.add_argument('--vocab_size', type=int, default=50257, help='GPT-2 by default, as in the paper')
-p.add_argument('--qk_steps', type=int, default=1)
-p.add_argument('--qk_hidden', type=int, default=GPTConfig.qk_hidden, help='hidden width of the potential')
-p.add_argument('--new_tokens', type=int, default=256, help='tokens generated in --mode=generate')
-p.add_argument('--iters', type=int, default=6, help='timed rounds per (variant, mode); generation: fewer')
-p.add_argument('--warmup', type=int, default=3, help='untimed rounds first (CPU: the heap settles)')
-p.add_argument('--device', default='auto')
-p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16', 'float16'])
-p.add_argument('--compile', default='False', choices=['True', 'False'])
-p.add_argument('--json_out', default='', help='write one JSON record per (variant, mode) to this file')
-p.add_argument('--report', default='', help='instead of timing: tabulate train.py runs in or under these '
-                                           'comma-separated folders')
-p.add_argument('--plan', action='store_true', help="print the paper's 60M ablation as GPU commands with their cost")
-p.add_argument('--plot', default='', help='with --report: write learning curves of standard vs coupled here')
-args = p.parse_args()
-if args.report:
-    report(args.report.split(','), args.plot)
-    sys.exit(0)
-if args.plan:
-    plan()
-    sys.exit(0)
-for name, low in (('iters', 1), ('warmup', 0), ('batch_size', 1), ('block_size', 1), ('new_tokens', 1),
-                  ('vocab_size', 2), ('qk_steps', 1)):
-    if getattr(args, name) < low:
-        p.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
-if args.json_out and not os.path.isdir(os.path.dirname(os.path.abspath(args.json_out))):
-    p.error(f"--json_out={args.json_out}: its folder does not exist; create it first (nothing was timed)")
-variants, modes = args.attn.split(','), args.mode.split(',')
-for v in variants:
-    if v not in ATTN:
-        p.error(f"--attn: {v!r} is not one of {', '.join(ATTN)}")
-for m in modes:
-    if m not in MODES:
-        p.error(f"--mode: {m!r} is not one of {', '.join(MODES)}")
-if 'standard' not in variants:
-    variants.insert(0, 'standard')  # every ratio is against standard
-device = args.device if args.device != 'auto' else 'cuda' if torch.cuda.is_available() else 'cpu'
-if device.startswith('cuda') and not torch.cuda.is_available():
-    p.error(f"--device={device} but CUDA is not available here; use --device=cpu")
-cuda = device.startswith('cuda')
-dtype = getattr(torch, args.dtype)
-autocast = torch.autocast('cuda', dtype=dtype) if cuda and dtype != torch.float32 else nullcontext()
-B, T = args.batch_size, args.block_size
-gen_block = max(T, args.new_tokens + 1)  # generation never refills the cache window
-torch.backends.cuda.matmul.allow_tf32 = True
-
+# -----------------------------------------------------------------------------------------------------------
+# timing
 
 def keep_freed_memory():
     """
@@ -224,129 +285,245 @@ def keep_freed_memory():
     mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: never shrink the heap
 
 
-if not cuda:
-    keep_freed_memory()
+def timing(args, variants, modes, device):
+    """Time every (variant, mode), interleaved; returns {(variant, mode): record}."""
+    cuda = device.startswith('cuda')
+    dtype = getattr(torch, args.dtype)
+    autocast = torch.autocast(device.split(':')[0], dtype=dtype) if dtype != torch.float32 else nullcontext()
+    B, T = args.batch_size, args.block_size
+    gen_block = max(T, args.new_tokens + 1)  # generation never refills the cache window
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-
-def sync():
-    if cuda:
-        torch.cuda.synchronize()
-
-
-def make(attn):
-    torch.manual_seed(0)
-    try:
-        cfg = GPTConfig(attn=attn, block_size=gen_block, vocab_size=args.vocab_size, qk_steps=args.qk_steps,
+    models = {}
+    for v in variants:  # standard first
+        torch.manual_seed(0)
+        cfg = GPTConfig(attn=v, block_size=gen_block, vocab_size=args.vocab_size, qk_steps=args.qk_steps,
                         qk_hidden=args.qk_hidden, **PRESETS[args.preset])
-    except ValueError as e:
-        p.error(str(e))
-    model = GPT(cfg, verbose=False)
-    if attn != 'standard':  # same weights as standard wherever the architectures agree: CPU speed depends on
-        model.load_state_dict(models['standard'][0].state_dict(), strict=False)  # values (up to +-5%)
-    model = model.to(device)
-    opt = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if cuda else 'cpu')
-    fwd = torch.compile(model) if args.compile == 'True' else model
-    return model, fwd, opt
+        model = GPT(cfg, verbose=False)
+        if v != 'standard':  # same weights as standard wherever the architectures agree: CPU speed depends on
+            model.load_state_dict(models['standard'][0].state_dict(), strict=False)  # values (up to +-5%)
+        model = model.to(device)
+        opt = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
+        models[v] = (model, torch.compile(model) if args.compile == 'True' else model, opt)
+
+    def step_train(model, fwd, opt, x):
+        with autocast:
+            loss = fwd(x, x)[1]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def step_forward(model, fwd, opt, x):
+        with autocast:
+            fwd(x)
+
+    @torch.no_grad()
+    def step_generate(model, fwd, opt, x, use_cache):
+        with autocast:
+            model.generate(x[:1, :1], args.new_tokens, temperature=0, use_cache=use_cache)
+
+    jobs = []  # (mode label, step function, tokens per call)
+    if 'train' in modes:
+        jobs.append(('train', step_train, B * T))
+    if 'forward' in modes:
+        jobs.append(('forward', step_forward, B * T))
+    if 'generate' in modes:
+        jobs.append(('generate', lambda *a: step_generate(*a, True), args.new_tokens))
+        jobs.append(('generate-nocache', lambda *a: step_generate(*a, False), args.new_tokens))
+    x = torch.randint(0, args.vocab_size, (B, T), device=device)
+    cfg0 = models['standard'][0].config
+    print(f"bench: preset {args.preset} ({cfg0.n_layer}x{cfg0.n_embd}, {cfg0.n_head} heads), batch {B}x{T}, vocab "
+          f"{args.vocab_size}, {device} ({torch.get_num_threads()} threads), {args.dtype}, compile={args.compile}")
+    results = {}
+    for mode, fn, ntok in jobs:
+        # generation is slow to time: 1/3 of the rounds; recomputation (O(n^2) work) once, warmed up by the cached run
+        iters = {'generate': max(1, args.iters // 3), 'generate-nocache': 1}.get(mode, args.iters)
+        start = time.perf_counter()
+        for v in variants:  # warm-up (and compilation)
+            for _ in range({'generate': 1, 'generate-nocache': 0}.get(mode, args.warmup)):
+                fn(*models[v], x)
+        warm = time.perf_counter() - start
+        times, peak = {v: [] for v in variants}, {}
+        for r in range(iters):  # interleaved, the order reversed every other round (A B B A ...): drift in machine
+            for v in (variants if r % 2 == 0 else variants[::-1]):  # speed, and whichever runs first, hit all alike
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                sync()
+                t0 = time.perf_counter()
+                fn(*models[v], x)
+                sync()
+                times[v].append(time.perf_counter() - t0)
+                if cuda:
+                    peak[v] = max(peak.get(v, 0), torch.cuda.max_memory_allocated() / 2**20)
+            spent = time.perf_counter() - start
+            print(f"  {mode}: round {r + 1}/{iters} | warm-up {warm:.0f} s | {spent:.0f} s so far, about "
+                  f"{(spent - warm) / (r + 1) * (iters - r - 1):.0f} s left", flush=True)
+        for v in variants:
+            ms = 1000 * statistics.median(times[v])
+            # the ratio pairs each round's time with standard's in the same round, then takes the median: a slow spell
+            # of the machine (on a shared VM, +-10% for seconds at a time) then cancels instead of landing on one variant
+            ratio = statistics.median(t / t0 for t, t0 in zip(times[v], times['standard']))
+            results[(v, mode)] = dict(attn=v, mode=mode, ms_per_iter=ms, tokens_per_s=ntok / ms * 1000,
+                                      ratio_vs_standard=ratio, peak_mem_mb=peak.get(v), iters=iters,
+                                      flop_model_ratio=flop_ratio(models[v][0].config, T) if mode == 'train' else None)
+    for (v, mode), r in results.items():
+        if mode == 'generate-nocache':
+            r['cache_speedup'] = r['ms_per_iter'] / results[(v, 'generate')]['ms_per_iter']
+    return results
+
+
+def print_timing(results, args):
+    print(f"\n{'attn':<16}{'mode':<18}{'ms/iter':>10}{'tokens/s':>12}{'peak MB':>9}{'vs standard':>13}"
+          f"{'FLOP model':>12}")
+    for r in results.values():
+        peak = f"{r['peak_mem_mb']:.0f}" if r['peak_mem_mb'] else '-'
+        flop = f"{r['flop_model_ratio']:.4f}" if r['flop_model_ratio'] else ''
+        print(f"{r['attn']:<16}{r['mode']:<18}{r['ms_per_iter']:>10.1f}{r['tokens_per_s']:>12,.0f}{peak:>9}"
+              f"{r['ratio_vs_standard']:>13.3f}{flop:>12}")
+    for r in results.values():
+        if 'cache_speedup' in r:
+            print(f"{r['attn']}: KV cache generates {args.new_tokens} tokens {r['cache_speedup']:.1f}x as fast "
+                  f"as recomputing the context (a full forward pass per new token)")
+    flops = {r['attn']: r['flop_model_ratio'] for r in results.values() if r['flop_model_ratio']}
+    if len(flops) > 1:
+        print("FLOP model: vs standard, " + ', '.join(f"{v} {100 * (e - 1):+.2f}%" for v, e in flops.items()
+                                                     if v != 'standard')
+              + " to a training step (matmuls, attention, and the dynamics' elementwise work; a perfect "
+                "implementation's ratio)")
+
+
+# -----------------------------------------------------------------------------------------------------------
+# --gpu_check: what to run first when a GPU is at hand, as one command
+
+def gpu_check(args, device):
+    """(a) bench.py's training step at the given preset in bf16, eager and compiled; (b) standard and coupled
+    trained side by side on pydocs (offline) for --train_iters iterations; then one table."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = os.path.join(args.out, time.strftime('%Y%m%d-%H%M%S'))
+    t_start = time.time()
+    steps = {}
+    for compiled in ('False', 'True'):
+        args.compile = compiled
+        res = timing(args, ['standard', 'coupled'], ['train'], device)
+        print_timing(res, args)
+        steps[compiled] = res[('coupled', 'train')]['ratio_vs_standard']
+    import prepare_data
+    data_dir = args.data_dir
+    prepare_data.prepare('pydocs', data_dir=data_dir)
+    finals, logs = {}, {}
+    for attn in ('standard', 'coupled'):
+        cmd = [sys.executable, os.path.join(here, 'train.py'), f'--attn={attn}', f'--preset={args.preset}',
+               f'--device={device}', f'--dtype={args.dtype}', f'--compile={args.train_compile}',
+               f'--batch_size={args.batch_size}', f'--block_size={args.block_size}', f'--max_iters={args.train_iters}',
+               f'--eval_interval={args.train_iters}', f'--log_interval={max(1, args.train_iters // 10)}',
+               f'--warmup_iters={max(1, args.train_iters // 10)}', '--learning_rate=1e-3', '--min_lr=1e-4',
+               f'--eval_iters={args.eval_iters}', f'--data_dir={data_dir}', f'--out_dir={os.path.join(out, attn)}']
+        print(f"\ntraining {attn}: {' '.join(cmd[1:])}", flush=True)
+        if subprocess.run(cmd).returncode != 0:
+            sys.exit(f"error: the {attn} training run failed; its output is above")
+        log = read_log(os.path.join(out, attn, 'metrics.jsonl'))
+        logs[attn] = [r for r in log if r['event'] == 'train'][1:]  # the first includes compilation
+        finals[attn] = [r for r in log if r['event'] == 'final'][-1]
+    mean = lambda attn, k: statistics.mean(r[k] for r in logs[attn] if r.get(k) is not None) if any(
+        r.get(k) is not None for r in logs[attn]) else None
+    print(f"\ngpu check: {torch.cuda.get_device_name(device) if device.startswith('cuda') else device}, "
+          f"preset {args.preset}, {args.batch_size}x{args.block_size} tokens, {args.dtype}; {time.time() - t_start:.0f} s")
+    print(f"bench.py training step, coupled / standard: eager {steps['False']:.3f}, compiled {steps['True']:.3f}")
+    print("| train.py, {} iterations | standard | coupled | coupled / standard |\n|---|---|---|---|".format(
+        args.train_iters))
+    for key, label, fmt in (('ms', 'ms/iter', '{:.1f}'), ('tok_s', 'tokens/s', '{:,.0f}'), ('mfu', 'MFU', '{:.1%}')):
+        a, b = mean('standard', key), mean('coupled', key)
+        cell = lambda v: fmt.format(v) if v is not None else '- (no CUDA)'
+        print(f"| {label} | {cell(a)} | {cell(b)} | {f'{b / a:.3f}' if a and b else '-'} |")
+    a, b = finals['standard']['val_loss'], finals['coupled']['val_loss']
+    print(f"| val loss (full split) | {a:.4f} | {b:.4f} | {b - a:+.4f} |")
+    print(f"runs in {out}")
 
 
 # -----------------------------------------------------------------------------------------------------------
 
-def step_train(model, fwd, opt, x):
-    with autocast:
-        loss = fwd(x, x)[1]
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not a usage dump
+        sys.exit(f"error: {message}; see python bench.py --help")
 
 
-@torch.no_grad()
-def step_forward(model, fwd, opt, x):
-    with autocast:
-        fwd(x)
-
-
-@torch.no_grad()
-def step_generate(model, fwd, opt, x, use_cache):
-    with autocast:
-        model.generate(x[:1, :1], args.new_tokens, temperature=0, use_cache=use_cache)
-
-
-jobs = []  # (mode label, step function, tokens per call)
-if 'train' in modes:
-    jobs.append(('train', step_train, B * T))
-if 'forward' in modes:
-    jobs.append(('forward', step_forward, B * T))
-if 'generate' in modes:
-    jobs.append(('generate', lambda *a: step_generate(*a, True), args.new_tokens))
-    jobs.append(('generate-nocache', lambda *a: step_generate(*a, False), args.new_tokens))
-
-models = {}
-for v in variants:  # standard first
-    models[v] = make(v)
-x = torch.randint(0, args.vocab_size, (B, T), device=device)
-cfg0 = models['standard'][0].config
-print(f"bench: preset {args.preset} ({cfg0.n_layer}x{cfg0.n_embd}, {cfg0.n_head} heads), batch {B}x{T}, vocab "
-      f"{args.vocab_size}, {device} ({torch.get_num_threads()} threads), {args.dtype}, compile={args.compile}")
-results = {}
-for mode, fn, ntok in jobs:
-    # generation is slow to time: 1/3 of the rounds; recomputation (O(n^2) work) once, warmed up by the cached run
-    iters = {'generate': max(1, args.iters // 3), 'generate-nocache': 1}.get(mode, args.iters)
-    start = time.perf_counter()
-    for v in variants:  # warm-up (and compilation)
-        for _ in range({'generate': 1, 'generate-nocache': 0}.get(mode, args.warmup)):
-            fn(*models[v], x)
-    warm = time.perf_counter() - start
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    times = {v: [] for v in variants}
-    peak = {}
-    for r in range(iters):  # interleaved, the order reversed every other round (A B B A ...): drift in machine
-        for v in (variants if r % 2 == 0 else variants[::-1]):  # speed, and whichever runs first, hit all alike
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            sync()
-            t0 = time.perf_counter()
-            fn(*models[v], x)
-            sync()
-            times[v].append(time.perf_counter() - t0)
-            if cuda:
-                peak[v] = max(peak.get(v, 0), torch.cuda.max_memory_allocated() / 2**20)
-        spent = time.perf_counter() - start
-        print(f"  {mode}: round {r + 1}/{iters} | warm-up {warm:.0f} s | {spent:.0f} s so far, about "
-              f"{(spent - warm) / (r + 1) * (iters - r - 1):.0f} s left", flush=True)
+def main():
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--preset', choices=list(PRESETS), help='default small (--gpu_check: 60m)')
+    p.add_argument('--attn', default='standard,coupled', help=f"comma-separated, from: {', '.join(attn_names())}")
+    p.add_argument('--mode', default='train,forward,generate', help='comma-separated, from: ' + ', '.join(MODES))
+    p.add_argument('--batch_size', type=int, help='default 4 (--gpu_check: 16)')
+    p.add_argument('--block_size', type=int, help='default 256 (--gpu_check: 1024)')
+    p.add_argument('--vocab_size', type=int, default=50257, help='GPT-2 by default, as in the paper')
+    p.add_argument('--qk_steps', type=int, default=1)
+    p.add_argument('--qk_hidden', type=int, default=GPTConfig.qk_hidden, help='hidden width of the potential')
+    p.add_argument('--new_tokens', type=int, default=256, help='tokens generated in --mode=generate')
+    p.add_argument('--iters', type=int, default=6, help='timed rounds per (variant, mode); generation: fewer')
+    p.add_argument('--warmup', type=int, default=3, help='untimed rounds first (CPU: the heap settles)')
+    p.add_argument('--device', default='auto')
+    p.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'], help='default float32 (--gpu_check: bf16)')
+    p.add_argument('--compile', default='False', choices=['True', 'False'])
+    p.add_argument('--json_out', default='', help='write one JSON record per (variant, mode) to this file')
+    p.add_argument('--report', default='', help='instead of timing: tabulate train.py runs in or under these '
+                                               'comma-separated folders')
+    p.add_argument('--plot', default='', help='with --report: draw the learning curves of every row into this file')
+    p.add_argument('--plan', action='store_true', help="print the paper's 60M ablation as GPU commands with their cost")
+    p.add_argument('--gpu_check', action='store_true', help='the prepared GPU check: bench at 60m in bf16, eager and '
+                   'compiled, then standard and coupled trained side by side on pydocs')
+    p.add_argument('--train_iters', type=int, default=300, help='--gpu_check: training iterations per variant')
+    p.add_argument('--train_compile', default='True', choices=['True', 'False'], help='--gpu_check: compile training')
+    p.add_argument('--eval_iters', type=int, default=20, help='--gpu_check: batches of the periodic val estimate')
+    p.add_argument('--out', default='runs/gpu-check', help='--gpu_check: its runs go in a new folder under this one')
+    p.add_argument('--data_dir', default='data', help='--gpu_check: where pydocs is (prepared if missing)')
+    args = p.parse_args()
+    if args.report:
+        return report(args.report.split(','), args.plot)
+    if args.plot:
+        p.error("--plot draws the runs of --report; give --report=<run folders> too")
+    if args.plan:
+        return plan()
+    gpu = dict(preset='60m', dtype='bfloat16', batch_size=16, block_size=1024) if args.gpu_check else {}
+    for k, default in dict(preset='small', dtype='float32', batch_size=4, block_size=256).items():
+        if getattr(args, k) is None:  # flags win; then the GPU check's shape; then the CPU-friendly defaults
+            setattr(args, k, gpu.get(k, default))
+    for name, low in (('iters', 1), ('warmup', 0), ('batch_size', 1), ('block_size', 1), ('new_tokens', 1),
+                      ('vocab_size', 2), ('qk_steps', 1), ('train_iters', 1), ('eval_iters', 1)):
+        if getattr(args, name) < low:
+            p.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
+    if args.json_out and not os.path.isdir(os.path.dirname(os.path.abspath(args.json_out))):
+        p.error(f"--json_out={args.json_out}: its folder does not exist; create it first (nothing was timed)")
+    variants, modes = args.attn.split(','), args.mode.split(',')
     for v in variants:
-        ms = 1000 * statistics.median(times[v])
-        # the ratio pairs each round's time with standard's in the same round, then takes the median: a slow spell
-        # of the machine (on a shared VM, +-10% for seconds at a time) then cancels instead of landing on one variant
-        ratio = statistics.median(t / t0 for t, t0 in zip(times[v], times['standard']))
-        results[(v, mode)] = dict(attn=v, mode=mode, ms_per_iter=ms, tokens_per_s=ntok / ms * 1000,
-                                  ratio_vs_standard=ratio, peak_mem_mb=peak.get(v), iters=iters)
+        if v not in attn_names():
+            p.error(f"--attn: {v!r} is not one of {', '.join(attn_names())}")
+    for m in modes:
+        if m not in MODES:
+            p.error(f"--mode: {m!r} is not one of {', '.join(MODES)}")
+    if 'standard' not in variants:
+        variants.insert(0, 'standard')  # every ratio is against standard
+    device = args.device if args.device != 'auto' else 'cuda' if torch.cuda.is_available() else 'cpu'
+    if device.split(':')[0] not in ('cpu', 'cuda', 'mps'):
+        p.error(f"--device={device} is unknown; use auto, cpu, cuda, cuda:N or mps")
+    if device.startswith('cuda') and not torch.cuda.is_available():
+        p.error(f"--device={device} but CUDA is not available here; use --device=cpu")
+    if device == 'mps' and not torch.backends.mps.is_available():
+        p.error("--device=mps but Apple's MPS is not available here (it needs macOS on Apple silicon); use --device=cpu")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    if not device.startswith('cuda'):
+        keep_freed_memory()
+    if args.gpu_check:
+        return gpu_check(args, device)
+    results = timing(args, variants, modes, device)
+    print_timing(results, args)
+    if args.json_out:
+        with open(args.json_out, 'w') as f:
+            for r in results.values():
+                f.write(json.dumps(r | dict(preset=args.preset, batch_size=args.batch_size, block_size=args.block_size,
+                                            device=device, dtype=args.dtype, compile=args.compile == 'True',
+                                            threads=torch.get_num_threads())) + '\n')
+        print(f"wrote {args.json_out}")
 
-base_flops = flops_per_token(cfg0, T)
-flop_ratio = {v: flops_per_token(models[v][0].config, T) / base_flops for v in variants}
-records = []
-print(f"\n{'attn':<16}{'mode':<18}{'ms/iter':>10}{'tokens/s':>12}{'peak MB':>9}{'vs standard':>13}{'FLOP model':>12}")
-for (v, mode), r in results.items():
-    r['flop_model_ratio'] = flop_ratio[v] if mode == 'train' else None
-    if mode == 'generate-nocache':
-        r['cache_speedup'] = r['ms_per_iter'] / results[(v, 'generate')]['ms_per_iter']
-    records.append(r)
-    peak = f"{r['peak_mem_mb']:.0f}" if r['peak_mem_mb'] else '-'
-    flop = f"{r['flop_model_ratio']:.4f}" if r['flop_model_ratio'] else ''
-    print(f"{v:<16}{mode:<18}{r['ms_per_iter']:>10.1f}{r['tokens_per_s']:>12,.0f}{peak:>9}"
-          f"{r['ratio_vs_standard']:>13.3f}{flop:>12}")
-for r in records:
-    if 'cache_speedup' in r:
-        print(f"{r['attn']}: KV cache generates {args.new_tokens} tokens {r['cache_speedup']:.1f}x as fast "
-              f"as recomputing the context (a full forward pass per new token)")
-print("FLOP model: vs standard, " + ', '.join(f"{v} {100 * (e - 1):+.2f}%" for v, e in flop_ratio.items()
-                                             if v != 'standard')
-      + " to a training step (matmuls, attention, and the dynamics' elementwise work; a perfect implementation's "
-        "ratio)")
-if args.json_out:
-    with open(args.json_out, 'w') as f:
-        for r in records:
-            f.write(json.dumps(r | dict(preset=args.preset, batch_size=B, block_size=T, device=device,
-                                        dtype=args.dtype, compile=args.compile == 'True',
-                                        threads=torch.get_num_threads())) + '\n')
-    print(f"wrote {args.json_out}")
+
+if __name__ == '__main__':
+    main()

@@ -2,19 +2,20 @@
 A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped. Every attention
 variant behind one config field, `attn`: standard; coupled (q, k evolved jointly by a learned Hamiltonian,
 leapfrog: the paper's method); euler; uncoupled (matched MLPs on q and k apart); invertible (affine couplings,
-the paper's v2); diff (Differential Attention, Ye et al. 2024); diff+<transform>. In order: config; the q/k
-transforms; attention, block, GPT; generation and the coupling diagnostic; last, the leapfrog's fast path.
+the paper's v2); diff (Differential Attention, Ye et al. 2024); diff+<transform>. A q/k transform is one entry of
+the table QK_TRANSFORMS, which the model, the FLOP model and the tests all read. In order: config; the q/k
+transforms and their table; attention, block, GPT; the KV cache; the coupling diagnostic; the FLOP model.
 """
 
 import math
+import statistics
 from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-QK_TRANSFORMS = ('coupled', 'euler', 'uncoupled', 'invertible')
-ATTN = ('standard',) + QK_TRANSFORMS + ('diff',) + tuple('diff+' + t for t in QK_TRANSFORMS)
 POS = ('learned', 'rope')
 PRESETS = {'tiny': dict(n_layer=4, n_head=4, n_embd=128), 'small': dict(n_layer=6, n_head=6, n_embd=384),  # laptops
            '60m': dict(n_layer=12, n_head=8, n_embd=512), '150m': dict(n_layer=16, n_head=12, n_embd=768),
@@ -30,17 +31,18 @@ class GPTConfig:
     n_embd: int = 512
     dropout: float = 0.0
     bias: bool = False       # biases in Linears and LayerNorms (GPT-2: True)
-    attn: str = 'standard'   # one of ATTN
+    attn: str = 'standard'   # one of attn_names()
     qk_steps: int = 1        # integration steps (coupled, euler) or repeats of the map (uncoupled, invertible)
-    qk_hidden: int = 12      # hidden width m of the potential V (0.11% at 60m); uncoupled m/4, invertible 0.4 m
+    qk_hidden: int = 12      # hidden width m of the potential V (0.11% at 60m); the table sets the others' from it
     qk_scale: float = 2.0    # spread of the q/k nets' pre-activations at init, out of SiLU's straight range
     qk_dt: float = 0.1       # initial step size dt of every head's dynamics (learned per head)
+    qk_decay: bool = False   # weight decay on the q/k nets' weights too (an optimizer setting; it pulls toward linear)
     pos: str = 'learned'     # 'learned' absolute positions, or 'rope' (rotary, applied after the q/k dynamics)
 
     def __post_init__(self):
         def check(ok, msg):
             if not ok: raise ValueError(msg)  # noqa: E701
-        check(self.attn in ATTN, f"attn={self.attn!r} is unknown; choose one of {', '.join(ATTN)}")
+        check(self.attn in attn_names(), f"attn={self.attn!r} is unknown; choose one of {', '.join(attn_names())}")
         check(self.pos in POS, f"pos={self.pos!r} is unknown; choose one of {', '.join(POS)}")
         for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'qk_hidden'):
             check(getattr(self, name) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
@@ -54,25 +56,29 @@ class GPTConfig:
         check(self.pos != 'rope' or self.n_embd // self.n_head % 2 == 0,
               f"pos=rope needs an even head size, got n_embd/n_head = {self.n_embd // self.n_head}")
 
+    @property
+    def qk(self):  # the q/k transform's name in QK_TRANSFORMS ('coupled' for 'diff+coupled'), '' for none
+        return self.attn.removeprefix('diff').removeprefix('+').removeprefix('standard')
+
 
 # ----------------------------------------------------------------------------------------------------------------
-# q/k transforms. Each acts on q, k of shape (B, nh, T, hs), per head and per token: positions never mix.
+# q/k transforms. Each maps q, k of shape (B, nh, T, hs) per head and per token: positions never mix.
 
 class HeadMLP(nn.Module):
-    """A separate two-layer SiLU net per head: x (B, nh, T, d_in) -> c_proj silu(c_fc x + bias) (B, nh, T, d_out)."""
+    """A separate two-layer SiLU net per head: x (..., nh, N, d_in) -> a silu(W x + b), (..., nh, N, d_out)."""
 
     def __init__(self, n_head, d_in, hidden, d_out, zero_out=False, in_std=None):
         super().__init__()
-        self.c_fc = nn.Parameter(torch.randn(n_head, hidden, d_in) * (in_std or 1 / math.sqrt(d_in)))
-        self.bias = nn.Parameter(torch.zeros(n_head, 1, hidden))
-        self.c_proj = nn.Parameter(torch.zeros(n_head, d_out, hidden) if zero_out
-                                   else torch.randn(n_head, d_out, hidden) / math.sqrt(hidden))
+        self.W = nn.Parameter(torch.randn(n_head, hidden, d_in) * (in_std or 1 / math.sqrt(d_in)))  # (nh, m, d_in)
+        self.b = nn.Parameter(torch.zeros(n_head, 1, hidden))                                      # (nh, 1, m)
+        self.a = nn.Parameter(torch.zeros(n_head, d_out, hidden) if zero_out                        # (nh, d_out, m)
+                              else torch.randn(n_head, d_out, hidden) / math.sqrt(hidden))
 
-    def hidden(self, x):  # z = W x + b: (B, nh, T, d_in) @ (nh, d_in, m) -> (B, nh, T, m)
-        return torch.matmul(x, self.c_fc.transpose(1, 2)) + self.bias
+    def hidden(self, x):  # z = W x + b: (..., nh, N, d_in) @ (nh, d_in, m) -> (..., nh, N, m)
+        return x @ self.W.transpose(1, 2) + self.b
 
-    def forward(self, x, scale=1.0):  # scale (e.g. a step size, (nh, 1, 1)) folded into the small c_proj: cheap
-        return torch.matmul(F.silu(self.hidden(x)), (scale * self.c_proj).transpose(1, 2))
+    def forward(self, x, scale=1.0):  # scale (e.g. a step size, (nh, 1, 1)) folded into the small a: cheap
+        return F.silu(self.hidden(x)) @ (scale * self.a).transpose(1, 2)
 
 
 def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
@@ -81,49 +87,56 @@ def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
 
 
 class Hamiltonian(nn.Module):
-    """Query = position, key = momentum: H(q, k) = 1/2 |k|^2 + V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head.
-    integrator 'leapfrog' (attn=coupled) or 'euler'; step size dt learned per head."""
-    fused = True  # leapfrog through the fast path at the end of this file (the same map); False: the loop below
+    """Query = position, key = momentum: H(q, k) = 1/2 |k|^2 + V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head
+    (w_j: the rows of W). integrator 'leapfrog' (attn=coupled) or 'euler'; step size dt learned per head."""
 
-    def __init__(self, n_head, head_size, hidden, steps, integrator, dt=0.1, in_std=None):
+    def __init__(self, n_head, head_size, hidden, steps, integrator='leapfrog', dt=0.1, in_std=None):
         super().__init__()
-        self.V = HeadMLP(n_head, head_size, hidden, 1, in_std=in_std)  # c_fc: w (nh, m, hs), bias: b, c_proj: a
+        if integrator not in ('leapfrog', 'euler'):
+            raise ValueError(f"integrator={integrator!r}: Hamiltonian integrates with 'leapfrog' or 'euler'")
+        self.V = HeadMLP(n_head, head_size, hidden, 1, in_std=in_std)  # W (nh, m, hs), b (nh, 1, m), a (nh, 1, m)
         self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
         self.steps, self.integrator = steps, integrator
 
-    def energy(self, q, k):  # H(q, k) = 1/2 |k|^2 + V(q): (B, nh, T)
+    def energy(self, q, k):  # H(q, k) = 1/2 |k|^2 + V(q): (..., nh, N)
         return 0.5 * k.pow(2).sum(-1) + self.V(q).squeeze(-1)
 
     def force(self, q, scale=1.0):
-        # scale * F(q), F(q) = -grad V(q) = -W^T (a * silu'(W q + b)).
+        # scale * F(q), F(q) = -grad V(q) = -W^T (a * silu'(W q + b)), closed form: no autograd inside the forward.
         # The scale (e.g. dt/2, shape (nh, 1, 1)) multiplies the m-wide hidden, not the hs-wide result: cheaper.
-        z = self.V.hidden(q)                                       # (B, nh, T, m)
-        return torch.matmul(silu_grad(z) * (-scale * self.V.c_proj), self.V.c_fc)  # (B, nh, T, hs)
+        z = self.V.hidden(q)                                          # (..., nh, N, m)
+        return (silu_grad(z) * (-scale * self.V.a)) @ self.V.W        # (..., nh, N, hs)
 
     def forward(self, q, k, dt=None):
-        dt = (self.dt if dt is None else dt).view(-1, 1, 1)       # (nh, 1, 1)
-        if self.integrator == 'leapfrog' and self.fused:
-            return leapfrog_fused(self, q, k, dt)
-        if self.integrator == 'euler':
-            for _ in range(self.steps):
-                q, k = q + dt * k, k + self.force(q, dt)          # both from the old state: q + dt k, k + dt F(q)
-            return q, k
-        for _ in range(self.steps):  # kick-drift-kick
-            k = k + self.force(q, 0.5 * dt)                       # kick:  k += dt/2 F(q)
-            q = q + dt * k                                        # drift: q += dt k
-            k = k + self.force(q, 0.5 * dt)                       # kick:  k += dt/2 F(q)
-        return q, k
+        B, nh, T, hs = q.shape
+        dt = (self.dt if dt is None else dt).view(nh, 1, 1)
+        # all tokens of a head as one matrix, (B, nh, T, hs) -> (nh, B*T, hs): the force is one batched matmul
+        q, k = (x.transpose(0, 1).reshape(nh, B * T, hs) for x in (q, k))
+        for _ in range(self.steps):
+            if self.integrator == 'leapfrog':  # kick-drift-kick
+                k = k + self.force(q, dt / 2)     # kick:  k += dt/2 F(q)
+                q = q + dt * k                    # drift: q += dt k
+                k = k + self.force(q, dt / 2)     # kick:  k += dt/2 F(q)
+            else:  # explicit Euler, both updates from the old state
+                q, k = q + dt * k, k + self.force(q, dt)
+        return tuple(x.view(nh, B, T, hs).transpose(0, 1) for x in (q, k))  # (B, nh, T, hs)
 
     def inverse(self, q, k):
         if self.integrator != 'leapfrog':
             raise ValueError("only leapfrog is time-reversible (run with -dt to return); euler's inverse is implicit")
-        return self(q, k, dt=-self.dt)  # leapfrog is time-reversible: integrating with -dt returns
+        return self(q, k, dt=-self.dt)  # kick-drift-kick is symmetric: integrating with -dt returns
+
+    @staticmethod
+    def flops(hs, m, steps, integrator):  # forward FLOPs per token and head
+        force = 4 * m * hs + 10 * m  # W q, W^T (.), silu' elementwise
+        # leapfrog: a perfect implementation reuses the force at the step boundary (n+1 forces, not 2n)
+        return (steps + 1) * force + steps * 6 * hs if integrator == 'leapfrog' else steps * (force + 4 * hs)
 
 
 class Uncoupled(nn.Module):
     """Matched-capacity baseline: q += dt g_q(q), k += dt g_k(k); each stream sees only itself."""
 
-    def __init__(self, n_head, head_size, hidden, steps, dt=0.1, in_std=None):
+    def __init__(self, n_head, head_size, hidden, steps, integrator=None, dt=0.1, in_std=None):
         super().__init__()
         self.g_q = HeadMLP(n_head, head_size, hidden, head_size, in_std=in_std)
         self.g_k = HeadMLP(n_head, head_size, hidden, head_size, in_std=in_std)
@@ -136,11 +149,16 @@ class Uncoupled(nn.Module):
             q, k = q + self.g_q(q, dt), k + self.g_k(k, dt)       # q += dt g_q(q); k += dt g_k(k)
         return q, k
 
+    @staticmethod
+    def flops(hs, h, steps, integrator):
+        return steps * 2 * (4 * h * hs + 5 * h + 2 * hs)
+
 
 class Invertible(nn.Module):
-    """RealNVP-style coupling of q and k, identity at init: k <- k exp(s1(q)) + t1(q); q <- q exp(s2(k)) + t2(k)."""
+    """RealNVP-style coupling of q and k, identity at init: k <- k exp(s1(q)) + t1(q); q <- q exp(s2(k)) + t2(k).
+    (integrator and dt are not used: the map starts at the identity through its zero last layers.)"""
 
-    def __init__(self, n_head, head_size, hidden, steps, in_std=None):
+    def __init__(self, n_head, head_size, hidden, steps, integrator=None, dt=None, in_std=None):
         super().__init__()
         self.st1 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, in_std=in_std)  # q -> (s1, t1)
         self.st2 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, in_std=in_std)  # k -> (s2, t2)
@@ -167,20 +185,41 @@ class Invertible(nn.Module):
             k = (k - t1) * torch.exp(-s1)
         return q, k
 
+    @staticmethod
+    def flops(hs, h, steps, integrator):
+        return steps * 2 * (6 * h * hs + 5 * h + 8 * hs)
+
+
+class QKTransform(NamedTuple):
+    cls: type                      # built as cls(n_head, head_size, hidden, steps, integrator, dt, in_std)
+    integrator: Optional[str]      # Hamiltonian's 'leapfrog' or 'euler'; None for the others
+    hidden: Callable[[int], int]   # hidden width of its nets, from --qk_hidden m
+
+
+# A new q/k transform is one entry here: --attn=<name> and --attn=diff+<name> build it, the FLOP model (cls.flops)
+# and the tests read it, and the parameters of its class are the q/k parameters (the budget, --qk_decay).
+QK_TRANSFORMS = {
+    'coupled': QKTransform(Hamiltonian, 'leapfrog', lambda m: m),      # the paper's method
+    'euler': QKTransform(Hamiltonian, 'euler', lambda m: m),           # the same H, not symplectic
+    # 4h hs + 2h + 1 parameters per head vs the potential's m hs + 2m + 1: h = m/4 matches coupled's budget
+    'uncoupled': QKTransform(Uncoupled, None, lambda m: max(1, m // 4)),
+    # 6h hs + 2h per head: h = 0.4 m gives v2's "about 0.3%" at 60m (2.4x coupled's)
+    'invertible': QKTransform(Invertible, None, lambda m: max(1, round(0.4 * m))),
+}
+
+
+def attn_names():  # every --attn value, read from the table when asked (so an entry added at run time counts)
+    return ('standard', *QK_TRANSFORMS, 'diff', *('diff+' + t for t in QK_TRANSFORMS))
+
 
 def qk_transform(name, n_head, head_size, config):
-    """The q/k map of one layer, or None for plain attention. n_head counts the (sub-)heads that own a q, k pair."""
-    m, n, dt = config.qk_hidden, config.qk_steps, config.qk_dt
+    """The q/k map of one layer. n_head counts the (sub-)heads that own a q, k pair."""
+    spec = QK_TRANSFORMS[name]
     # q, k entries start with spread 0.02 sqrt(n_embd) (LayerNorm'd x through c_attn at std 0.02): a first layer
     # of std qk_scale / (0.02 sqrt(n_embd hs)) gives pre-activations w . q of spread qk_scale at initialization
     in_std = config.qk_scale / (0.02 * math.sqrt(config.n_embd * head_size)) if config.qk_scale > 0 else None
-    if name in ('coupled', 'euler'):
-        return Hamiltonian(n_head, head_size, m, n, 'leapfrog' if name == 'coupled' else 'euler', dt, in_std)
-    if name == 'uncoupled':  # 4 h hs + 2h + 1 params/head vs the potential's m hs + 2m + 1: h = m/4 matches
-        return Uncoupled(n_head, head_size, max(1, m // 4), n, dt, in_std)
-    if name == 'invertible':  # 6 h hs + 2h per head: h = 0.4 m gives v2's "about 0.3%" at 60m (2.4x coupled's)
-        return Invertible(n_head, head_size, max(1, round(0.4 * m)), n, in_std)
-    return None
+    return spec.cls(n_head, head_size, spec.hidden(config.qk_hidden), config.qk_steps, integrator=spec.integrator,
+                    dt=config.qk_dt, in_std=in_std)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -211,9 +250,9 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.n_head, self.n_embd, self.dropout, self.layer_idx = config.n_head, config.n_embd, config.dropout, layer_idx
         self.head_size, self.diff = config.n_embd // config.n_head, config.attn.startswith('diff')
-        # q/k map over every q, k pair: n_head heads, or for diff n_head sub-heads (two per differential head)
-        transform = config.attn.removeprefix('diff').removeprefix('+')
-        self.qk = qk_transform(transform, config.n_head, self.head_size, config)
+        self.n_v_head = config.n_head // 2 if self.diff else config.n_head  # diff: one v per pair of sub-heads
+        # the q/k map over every q, k pair: n_head heads, or for diff n_head sub-heads (two per differential head)
+        self.qk = qk_transform(config.qk, config.n_head, self.head_size, config) if config.qk else None
         self.rotary = Rotary(self.head_size, config.block_size) if config.pos == 'rope' else None
         if self.diff:  # reference: microsoft/unilm Diff-Transformer multihead_diffattn.py
             self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
@@ -222,34 +261,36 @@ class CausalSelfAttention(nn.Module):
             self.subln = nn.RMSNorm(2 * self.head_size, eps=1e-5)  # per-head norm of the (B, nh/2, T, 2hs) output
 
     def attend(self, q, k, v, past):
-        # softmax(q k^T / sqrt(hs)) v over positions <= t; new queries at past..past+T-1 (one sees all: no mask)
+        # softmax(q k^T / sqrt(hs)) v over positions <= t. New queries sit at past..past+T-1; a single new query
+        # may see every cached position, so it needs no mask
         T = q.size(2)
         mask = None if past == 0 or T == 1 else torch.ones(T, past + T, dtype=torch.bool, device=q.device).tril(past)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0 and T > 1,
                                               dropout_p=self.dropout if self.training else 0.0)
 
+    def diff_attend(self, q, k, v, past):
+        # (softmax(q1 k1^T) - lambda softmax(q2 k2^T)) v, lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init;
+        # q, k: sub-heads 2i, 2i+1 (B, nh, T, hs); v: (B, nh/2, T, 2hs)
+        B, nh, T, hs = q.shape
+        lam = (torch.exp(torch.dot(self.lambda_q1, self.lambda_k1))
+               - torch.exp(torch.dot(self.lambda_q2, self.lambda_k2)) + self.lambda_init)
+        y = self.attend(q, k, v.repeat_interleave(2, dim=1), past).view(B, nh // 2, 2, T, 2 * hs)
+        return self.subln(y[:, :, 0] - lam * y[:, :, 1]) * (1 - self.lambda_init)  # (B, nh/2, T, 2hs)
+
     def forward(self, x, cache=None):
         B, T, C = x.size()  # batch size, sequence length, embedding dimensionality (n_embd)
         past = 0 if cache is None else cache.sizes[self.layer_idx]
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs); diff: sub-heads 2i, 2i+1
+        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_v_head, C // self.n_v_head).transpose(1, 2)  # (B, nh, T, hs); diff (B, nh/2, T, 2hs)
         if self.qk is not None:
             q, k = self.qk(q, k)  # the paper's step: evolve each token's (q, k) jointly, before scoring
         if self.rotary is not None:
             q, k = self.rotary(q, past), self.rotary(k, past)
-        nh_v = self.n_head // 2 if self.diff else self.n_head
-        v = v.view(B, T, nh_v, C // nh_v).transpose(1, 2)  # (B, nh, T, hs); diff: (B, nh/2, T, 2hs)
         if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)
-        if self.diff:
-            # (softmax(q1 k1^T) - lambda softmax(q2 k2^T)) v, lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init
-            lam = (torch.exp(torch.dot(self.lambda_q1, self.lambda_k1))
-                   - torch.exp(torch.dot(self.lambda_q2, self.lambda_k2)) + self.lambda_init)
-            y = self.attend(q, k, v.repeat_interleave(2, dim=1), past).view(B, nh_v, 2, T, 2 * self.head_size)
-            y = self.subln(y[:, :, 0] - lam * y[:, :, 1]) * (1 - self.lambda_init)  # (B, nh/2, T, 2hs)
-        else:
-            y = self.attend(q, k, v, past)  # (B, nh, T, hs)
+            k, v = cache.update(self.layer_idx, k, v)  # the (evolved) keys and values of every token so far
+        y = self.diff_attend(q, k, v, past) if self.diff else self.attend(q, k, v, past)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -299,14 +340,17 @@ class GPT(nn.Module):
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)  # Linear/Embedding only: the q/k nets initialize themselves
         if verbose:
-            n, n_qk = self.get_num_params(), self.get_num_qk_params()
+            n, n_qk = self.get_num_params(), sum(p.numel() for p in self.qk_parameters())
             print(f"parameters: {n / 1e6:.2f}M; attn={config.attn}; q/k maps add {n_qk:,} ({n_qk / (n - n_qk):.3%})")
 
     def get_num_params(self):  # all parameters, the tied embedding once, positions included
         return sum(p.numel() for p in self.parameters())
 
-    def get_num_qk_params(self):  # the q/k transforms': what coupling adds to an attention variant
-        return sum(p.numel() for n, p in self.named_parameters() if '.qk.' in n)
+    def qk_parameters(self):
+        # what coupling adds to an attention variant: the parameters of every module whose class is a q/k transform
+        # of the table, wherever it sits in the model
+        classes = tuple(spec.cls for spec in QK_TRANSFORMS.values())
+        return list({id(p): p for m in self.modules() if isinstance(m, classes) for p in m.parameters()}.values())
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
@@ -336,22 +380,25 @@ class GPT(nn.Module):
                                                              ignore_index=-1)
         return logits, loss
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, qk_decay=True):
-        # weight decay on matrices (Linear, Embedding, and with qk_decay the q/k nets' c_fc/c_proj); not on biases,
-        # gains, step sizes dt or diff's lambda vectors
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        # weight decay on the matrices of Linear and Embedding, and with config.qk_decay on the q/k nets' weights
+        # W, a; never on biases, gains, step sizes dt or diff's lambda vectors
+        qk = {id(p) for p in self.qk_parameters()}
         decay, no_decay = [], []
         for n, p in self.named_parameters():
-            if p.requires_grad:
-                (decay if p.dim() >= 2 and not n.endswith('bias') and (qk_decay or '.qk.' not in n)
-                 else no_decay).append(p)
+            if id(p) in qk:
+                (decay if self.config.qk_decay and n.endswith(('.W', '.a')) else no_decay).append(p)
+            else:
+                (decay if p.dim() >= 2 else no_decay).append(p)
         groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
         """
-        Extend idx (B, T) by max_new_tokens sampled tokens. With use_cache each new token costs one position's
-        work: the evolved keys and the values are cached. temperature=0 picks the most likely token.
+        Extend idx (B, T) by max_new_tokens sampled tokens. With use_cache a new token costs one position's work
+        while the context fits block_size (the evolved keys and the values are cached); once the window is full,
+        the cache is refilled from the last block_size tokens. temperature=0 picks the most likely token.
         """
         bs, cache = self.config.block_size, None
         for _ in range(max_new_tokens):
@@ -372,9 +419,6 @@ class GPT(nn.Module):
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
 
-
-# --------------------------------------------------------------------------------------------------------------
-# generation
 
 class KVCache:
     """Per layer, the keys (evolved, rotated) and values of every token so far, in buffers that grow by doubling:
@@ -399,6 +443,9 @@ class KVCache:
         self.sizes[i] = n + T
         return keys[:, :, :n + T], values[:, :, :n + T]
 
+
+# --------------------------------------------------------------------------------------------------------------
+# the coupling diagnostic
 
 @torch.no_grad()
 def qk_diagnostics(model, idx):
@@ -429,72 +476,32 @@ def qk_diagnostics(model, idx):
     return stats
 
 
-# ================================================================================================================
-# The fast path (Hamiltonian.fused = True, the default): the leapfrog map above in fewer passes over memory; the
-# tests check that it gives the loop's values and gradients.
-
-def silu_grad2(z):  # silu''(z) = s (1 - s) (2 + z (1 - 2 s))
-    s = torch.sigmoid(z)
-    return s * (1 - s) * (2 + z * (1 - 2 * s))
+def median_layer(stats, key):  # the diagnostic's one summary: the median over layers (mean of the middle two)
+    return statistics.median(s[key] for s in stats)
 
 
-silu_backward = torch.ops.aten.silu_backward  # silu_backward(g, z) = g silu'(z) in one kernel: SiLU's own backward
+# --------------------------------------------------------------------------------------------------------------
+# FLOP model: what a perfect implementation pays per token of a training step (forward + backward = 3x forward)
+
+def flops_per_token(config, T):
+    C, L, nh, hs = config.n_embd, config.n_layer, config.n_head, config.n_embd // config.n_head
+    matmul = 2 * (L * 12 * C * C + C * config.vocab_size)            # c_attn, c_proj, c_fc, mlp.c_proj; lm_head
+    attend = L * 2 * T * C * (3 if config.attn.startswith('diff') else 2) / 2  # q k^T and (attention) v, causal half
+    qk = 0
+    if config.qk:
+        if config.qk not in QK_TRANSFORMS:
+            raise ValueError(f"the FLOP model has no q/k transform {config.qk!r}; add it to QK_TRANSFORMS")
+        spec = QK_TRANSFORMS[config.qk]
+        qk = L * nh * spec.cls.flops(hs, spec.hidden(config.qk_hidden), config.qk_steps, spec.integrator)
+    return 3 * (matmul + attend + qk)
 
 
-def leapfrog_fused(h, q, k, dt):  # Hamiltonian h's leapfrog, all heads at once
-    B, nh, T, hs = q.shape  # -> (nh, B*T, hs): all tokens of a head in one matrix; a view of c_attn's output
-    q, k = q.transpose(0, 1).reshape(nh, B * T, hs), k.transpose(0, 1).reshape(nh, B * T, hs)
-    W, b, a = h.V.c_fc, h.V.bias.transpose(1, 2), h.V.c_proj.transpose(1, 2)
-    for _ in range(h.steps):
-        if torch.is_grad_enabled():
-            q, k = LeapfrogStep.apply(q, k, W, b, a, dt)
-        else:  # inference, e.g. generation one token at a time: the same step without autograd's bookkeeping
-            q, k, _ = LeapfrogStep.step(q, k, W, b, a, dt)
-    return q.view(nh, B, T, hs).transpose(0, 1), k.view(nh, B, T, hs).transpose(0, 1)  # (B, nh, T, hs) views
+# dense bf16 peak FLOP/s (NVIDIA datasheets, without sparsity), for MFU; first match of the device name wins
+GPU_PEAK_FLOPS = [('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('A100', 312e12), ('L40S', 362e12),
+                  ('L4', 121e12), ('A10', 125e12)]
 
 
-class LeapfrogStep(torch.autograd.Function):
-    """
-    One kick-drift-kick step of all heads, forces kept in the m-wide hidden space, hand-derived backward: fewer
-    passes over hs-wide memory than autograd through the loop (those passes are what the dynamics cost).
-        k += dt/2 F(q);  q += dt k;  k += dt/2 F(q)      with dt/2 F(q) = W^T g,  g = c silu'(W q + b),  c = -dt/2 a
-    q, k (nh, N, hs); W (nh, m, hs); b, a (nh, m, 1); dt (nh, 1, 1); hidden z, g (nh, m, N).
-    """
-
-    @staticmethod
-    def step(q, k, W, b, a, dt):  # the forward's arithmetic, also inference's path: q1, k1 and what backward needs
-        if torch.is_autocast_enabled(q.device.type):  # one dtype throughout: that of q, k
-            with torch.autocast(q.device.type, enabled=False):
-                return LeapfrogStep.step(q, k, W.to(q.dtype), b.to(q.dtype), a.to(q.dtype), dt.to(q.dtype))
-        c = -0.5 * dt * a
-        z0 = torch.baddbmm(b, W, q.transpose(1, 2))        # z = W q + b
-        g0 = silu_backward(c, z0)                          # g = c silu'(z)
-        kh = torch.baddbmm(k, g0.transpose(1, 2), W)       # k + dt/2 F(q)
-        q1 = torch.addcmul(q, dt, kh)                      # q + dt k
-        z1 = torch.baddbmm(b, W, q1.transpose(1, 2))
-        g1 = silu_backward(c, z1)
-        k1 = torch.baddbmm(kh, g1.transpose(1, 2), W)      # k + dt/2 F(q1)
-        return q1, k1, (kh, z0, z1, g0, g1)
-
-    @staticmethod
-    def forward(ctx, q, k, W, b, a, dt):
-        q1, k1, saved = LeapfrogStep.step(q, k, W, b, a, dt)
-        ctx.save_for_backward(q, q1, W, a, dt, *saved)
-        return q1, k1
-
-    @staticmethod
-    def backward(ctx, gq1, gk1):  # gx = dLoss/dx; the chain rule through step(), last line first
-        q, q1, W, a, dt, kh, z0, z1, g0, g1 = ctx.saved_tensors
-        W, a, dt = W.to(q.dtype), a.to(q.dtype), dt.to(q.dtype)  # autocast: compute in the dtype of q, k
-        c = -0.5 * dt * a
-        gg1 = torch.bmm(W, gk1.transpose(1, 2))                    # k1 = kh + W^T g1: (nh, m, N)
-        gz1 = gg1 * c * silu_grad2(z1)                             # g1 = c silu'(z1)
-        gq1 = torch.baddbmm(gq1, gz1.transpose(1, 2), W)           # z1 = W q1 + b: q1's total gradient (contiguous)
-        gk = torch.addcmul(gk1, dt, gq1)                           # q1 = q + dt kh; kh's gradient is k's
-        gg0 = torch.bmm(W, gk.transpose(1, 2))                     # kh = k + W^T g0
-        gz0 = gg0 * c * silu_grad2(z0)
-        gc = (silu_backward(gg1, z1) + silu_backward(gg0, z0)).sum(2, keepdim=True)  # c in g0 and g1
-        gdt = (gq1 * kh).sum((1, 2)).view_as(dt) - 0.5 * (a * gc).sum(1, keepdim=True)  # dt in q1 and in c
-        gW = torch.bmm(g1, gk1).baddbmm_(g0, gk).baddbmm_(gz1, q1).baddbmm_(gz0, q)
-        gq = gq1.baddbmm_(gz0.transpose(1, 2), W)                  # z0 = W q + b (in place: one batched product)
-        return gq, gk, gW, (gz0 + gz1).sum(2, keepdim=True), -0.5 * dt * gc, gdt
+def peak_flops(device):  # of a CUDA device, for MFU; None elsewhere, or for a GPU not in the list
+    if not str(device).startswith('cuda'):
+        return None
+    return next((peak for key, peak in GPU_PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None)

@@ -9,7 +9,7 @@ Turn a corpus into token files for train.py: data/<name>/{train,val[,test]}.bin 
   python prepare_data.py web --input=c4-sample.00000-of-00001.json.gz   # offline: a local copy of the same file
   python prepare_data.py --input=PATH --name=NAME # any local .txt/.jsonl/.jsonl.gz file, or a folder of them
 
-Documents are separated by an end-of-text token: <|endoftext|> (50256) for gpt2, 256 for bytes.
+Each document is followed by an end-of-text token: <|endoftext|> (50256) for gpt2, 256 for bytes.
 Outputs appear atomically (temp file, then rename), meta.json last; finished work is not redone without --force.
 """
 import argparse
@@ -175,8 +175,9 @@ def pydocs():
 JSONL = ('.jsonl', '.jsonl.gz', '.json.gz')  # one JSON object per line with a 'text' field (gzipped or not)
 
 
-def read_local(path):
-    """A .txt file (one document), a .jsonl[.gz] file (one document per line, field 'text'), or a folder of them."""
+def read_local(path, jsonl=None):
+    """A .txt file (one document), a .jsonl[.gz] file (one document per line, field 'text'), or a folder of them.
+    jsonl=True/False reads a file as JSON lines (gzipped or not) / as plain text whatever its name (named corpora)."""
     if not os.path.exists(path):
         raise DataError(f"--input={path} does not exist; give a .txt/.jsonl/.jsonl.gz file or a folder of them")
     files = [path] if os.path.isfile(path) else sorted(
@@ -185,10 +186,16 @@ def read_local(path):
         raise DataError(f"--input={path} holds no .txt, .jsonl or .jsonl.gz files")
     docs = []
     for fn in files:
+        with open(fn, 'rb') as f:
+            gzipped = f.read(2) == b'\x1f\x8b'
+        if jsonl is False and gzipped:
+            raise DataError(f"{fn} is gzip-compressed, not plain text")
         try:
-            with (gzip.open(fn, 'rt', encoding='utf-8') if fn.endswith('.gz') else open(fn, encoding='utf-8')) as f:
-                if not fn.endswith(JSONL):
+            with (gzip.open(fn, 'rt', encoding='utf-8') if gzipped else open(fn, encoding='utf-8')) as f:
+                if not (fn.endswith(JSONL) if jsonl is None else jsonl):
                     docs.append(f.read())
+                    if jsonl is False and docs[-1].lstrip().startswith('{'):  # a plain-text corpus that is JSON
+                        raise DataError(f"{fn} is JSON, not plain text")
                     continue
                 for i, line in enumerate(f, 1):
                     if not line.strip():
@@ -217,7 +224,7 @@ def pubmed(path):
         entries = json.load(open(path, encoding='utf-8'))
         docs = ['\n'.join(e['CONTEXTS'] + [e['LONG_ANSWER']]) for e in entries.values()]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise DataError(f"{path} is not PubMedQA's ori_pqal.json ({type(e).__name__}); give that file")
+        raise DataError(f"{path} is not PubMedQA's ori_pqal.json ({type(e).__name__})")
     return {'all': docs}
 
 
@@ -263,14 +270,19 @@ def write_dataset(out, corpus, input, name, source, tok, val_fraction):
     else:  # a named corpus: its file, downloaded (kept in out/) or a local copy of it
         c = CORPORA[corpus]
         path = input or download(c['url'], os.path.join(out, os.path.basename(c['url'])), c.get('sha256'))
+        try:  # a named corpus is read in its own format, whatever the file is called
+            if corpus == 'pubmed':
+                splits = pubmed(path)
+            elif corpus.startswith('wikitext'):
+                splits = wikitext(corpus, path)
+            else:  # shakespeare: one plain-text file; web: JSON lines with a 'text' field, gzipped or not
+                splits = read_local(path, jsonl=corpus == 'web')
+        except DataError as e:
+            raise DataError(f"--input is not the {corpus} corpus's file ({os.path.basename(c['url'])}): {e}; give "
+                            f"that file, or your own text with --input=PATH --name=NAME") from None
         if input and c.get('sha256') and os.path.isfile(input) and sha256_of(input) != c['sha256']:
-            print(f"warning: {input} is not byte for byte the file {c['url']} (sha256 differs); using it anyway")
-        if corpus == 'pubmed':
-            splits = pubmed(path)
-        elif corpus.startswith('wikitext'):
-            splits = wikitext(corpus, path)
-        else:  # shakespeare (.txt), web (.json.gz)
-            splits = read_local(path)
+            print(f"warning: {input} is not byte for byte the file {c['url']} (sha256 differs); using it anyway, "
+                  f"as it reads as {corpus}'s format")
     if 'all' in splits:
         splits = split_train_val(splits['all'], val_fraction)
     tmps, counts, sizes = {}, {}, {}

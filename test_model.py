@@ -6,6 +6,7 @@ user runs them: prepare_data.py, train.py (resume, evaluation, bad input, DDP, c
 README's classroom exercises.
 Run: python -m pytest -q
 """
+import dataclasses
 import gzip
 import hashlib
 import http.server
@@ -27,9 +28,11 @@ import torch
 import torch.nn.functional as F
 
 import prepare_data
-from model import (ATTN, PRESETS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Invertible, KVCache, LeapfrogStep,
-                   qk_diagnostics)
+import model as M
+from model import (PRESETS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Invertible, KVCache, QKTransform, attn_names,
+                   flops_per_token, qk_diagnostics)
 
+ATTN = attn_names()
 TRANSFORMS = [a for a in ATTN if a not in ('standard', 'diff')]  # variants with a q/k map
 
 
@@ -52,9 +55,8 @@ def randomize_qk(model, scale=0.5, seed=1):
     """Move every q/k map off its initialization (zero-init last layers of invertible, etc.)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for n, p in model.named_parameters():
-            if '.qk.' in n:
-                p.add_(scale * torch.randn(p.shape, generator=g))
+        for p in model.qk_parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
 
 
 def idx_batch(B=2, T=16, vocab=50, seed=0):
@@ -102,8 +104,9 @@ def test_gradients_reach_every_dynamics_parameter(attn):
         randomize_qk(model, 0.1)  # its last layers start at zero, which blocks the first layers' gradient at init
     idx = idx_batch()
     model(idx, targets=idx)[1].backward()
-    named = [(n, p) for n, p in model.named_parameters() if '.qk.' in n]
-    assert named
+    qk = {id(p) for p in model.qk_parameters()}
+    named = [(n, p) for n, p in model.named_parameters() if id(p) in qk]
+    assert named and all('.qk.' in n for n, _ in named)
     for n, p in named:
         assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reaches {n}"
     if attn.endswith(('coupled', 'euler', 'uncoupled')):
@@ -135,8 +138,8 @@ def test_zero_step_or_identity_is_exactly_the_base_attention(attn):
     with torch.no_grad():
         for qk in qk_maps(model):  # ... but dt = 0, or the invertible maps back at identity
             if isinstance(qk, Invertible):
-                qk.st1.c_proj.zero_()
-                qk.st2.c_proj.zero_()
+                qk.st1.a.zero_()
+                qk.st2.a.zero_()
             else:
                 qk.dt.zero_()
     idx = idx_batch()
@@ -154,8 +157,8 @@ def hamiltonian(integrator, steps=1, hs=8, nh=3, seed=0):
     h = Hamiltonian(nh, hs, 6, steps, integrator).double()
     with torch.no_grad():
         h.dt.copy_(torch.tensor([0.3, -0.5, 0.8][:nh], dtype=torch.float64))
-        h.V.c_proj.mul_(3.0)  # a strong potential, so the force matters
-        h.V.bias.normal_()
+        h.V.a.mul_(3.0)  # a strong potential, so the force matters
+        h.V.b.normal_()
     return h
 
 
@@ -176,52 +179,7 @@ def test_closed_form_force_equals_autograd_gradient_of_potential():
     assert torch.allclose(h.force(q, scale), scale * h.force(q), atol=1e-12)
 
 
-def test_fused_leapfrog_step_gradients_pass_gradcheck():
-    # LeapfrogStep's hand-written backward against finite differences, for every input (float64)
-    g = torch.Generator().manual_seed(0)
-    nh, N, hs, m = 2, 5, 4, 3
-    args = [torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_()
-            for shape in ((nh, N, hs), (nh, N, hs), (nh, m, hs), (nh, m, 1), (nh, m, 1), (nh, 1, 1))]
-    assert torch.autograd.gradcheck(LeapfrogStep.apply, args)
-
-
-@pytest.mark.parametrize('steps', [1, 3])
-def test_fused_leapfrog_equals_the_readable_loop_in_values_and_gradients(steps):
-    h = hamiltonian('leapfrog', steps)
-    q, k = qk_pair()
-    q.requires_grad_(True)
-    k.requires_grad_(True)
-    gq, gk = qk_pair(seed=1)
-    results = []
-    for fused in (True, False):
-        h.fused = fused
-        q1, k1 = h(q, k)
-        grads = torch.autograd.grad((q1 * gq).sum() + (k1 * gk).sum(), [q, k] + list(h.parameters()))
-        results.append((q1, k1) + grads)
-    for a, b in zip(*results):
-        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-12, rtol=0)
-    assert all(g.abs().max() > 1e-3 for g in results[0][2:])  # every gradient is there to compare
-
-
-@pytest.mark.parametrize('attn', ['coupled', 'diff+coupled'])
-def test_fused_leapfrog_in_the_model_equals_the_loop(attn):
-    # q, k arrive as strided views of c_attn's output; the fused path must give the same loss and gradients
-    model = build(attn)
-    randomize_qk(model)
-    idx = idx_batch()
-    results = []
-    for fused in (True, False):
-        for qk in qk_maps(model):
-            qk.fused = fused
-        model.zero_grad()
-        loss = model(idx, targets=idx)[1]
-        loss.backward()
-        results.append([loss] + [p.grad.clone() for p in model.parameters()])
-    for a, b in zip(*results):
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
-
-
-def test_fused_leapfrog_under_bfloat16_autocast():
+def test_leapfrog_under_bfloat16_autocast():
     model = build('coupled')
     idx = idx_batch()
     with torch.autocast('cpu', dtype=torch.bfloat16):
@@ -373,7 +331,7 @@ def test_forward_past_block_size_is_refused():
 def count_60m(attn):
     with torch.device('meta'):  # shapes only, no memory
         m = GPT(GPTConfig(attn=attn, **PRESETS['60m']), verbose=False)
-    return m.get_num_params(), m.get_num_qk_params()
+    return m.get_num_params(), sum(p.numel() for p in m.qk_parameters())
 
 
 def test_coupling_adds_the_papers_budget_at_60m():
@@ -406,12 +364,18 @@ def test_a_few_adamw_steps_lower_the_loss(attn):
     assert model(idx[:, :-1], targets=idx[:, 1:])[1].item() < first - 0.2
 
 
-def test_step_sizes_are_not_weight_decayed():
-    model = build('coupled')
+@pytest.mark.parametrize('qk_decay', [False, True])
+def test_weight_decay_falls_on_matrices_and_on_the_dynamics_only_when_asked(qk_decay):
+    model = build('diff+coupled', qk_decay=qk_decay)
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
-    no_decay = {id(p) for g in opt.param_groups if g['weight_decay'] == 0 for p in g['params']}
+    decayed = {id(p) for g in opt.param_groups if g['weight_decay'] > 0 for p in g['params']}
+    assert len(decayed) + len({id(p) for g in opt.param_groups if g['weight_decay'] == 0 for p in g['params']}) \
+        == len(list(model.parameters()))
     for n, p in model.named_parameters():
-        assert (id(p) in no_decay) == (n.endswith(('.dt', 'bias')) or p.dim() < 2), n
+        if '.qk.' in n:  # W and a of the potential with qk_decay; never its b or the step sizes dt
+            assert (id(p) in decayed) == (qk_decay and n.endswith(('.V.W', '.V.a'))), n
+        else:  # Linear and Embedding matrices; not LayerNorm/RMSNorm gains, diff's lambda vectors
+            assert (id(p) in decayed) == (p.dim() >= 2), n
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -434,8 +398,8 @@ def test_diagnostic_sees_a_linear_potential_as_linear_and_a_curved_one_as_nonlin
     straight = build('coupled', qk_scale=0)  # SiLU's straight range: pre-activations of spread ~0.01
     with torch.no_grad():
         for qk in qk_maps(straight):
-            qk.V.c_fc.mul_(0.1)
-            qk.V.c_proj.mul_(30.0)  # a strong force, so the map moves things (dk clearly > 0), but linearly
+            qk.V.W.mul_(0.1)
+            qk.V.a.mul_(30.0)  # a strong force, so the map moves things (dk clearly > 0), but linearly
     for s in diagnose(straight):
         assert s['dk'] > 0.05 and s['nonlinear'] < 2e-3
     curved = build('coupled', qk_scale=3.0, qk_dt=0.5)  # pre-activations of spread 3: SiLU's bend
@@ -461,12 +425,114 @@ def test_qk_scale_sets_the_spread_of_the_potentials_pre_activations():
     assert 1.8 < z.std().item() < 2.2
 
 
-def test_dynamics_can_be_left_out_of_weight_decay():
-    model = build('coupled')
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', qk_decay=False)
+
+# ---------------------------------------------------------------------------------------------------------------
+# what trains is what you read: one code path for the dynamics, and a variant is one entry of QK_TRANSFORMS
+
+def test_an_overridden_force_reaches_training():
+    # a forker's first edit: a different force. Doubling F is doubling the potential's a, so the two models must
+    # agree in loss and gradients (a's gradient doubles), and differ from the unmodified model
+    class Doubled(Hamiltonian):
+        def force(self, q, scale=1.0):
+            return 2 * super().force(q, scale)
+    plain, doubled, scaled = build('coupled'), build('coupled'), build('coupled')
+    for m in (plain, doubled, scaled):
+        randomize_qk(m)  # the same strong potential in all three, so the force matters
+    for blk in doubled.transformer.h:
+        blk.attn.qk.__class__ = Doubled
+    with torch.no_grad():
+        for qk in qk_maps(scaled):
+            qk.V.a.mul_(2.0)
+    idx = idx_batch()
+    losses = []
+    for m in (plain, doubled, scaled):
+        loss = m(idx, targets=idx)[1]
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[1] == pytest.approx(losses[2], abs=1e-6) and abs(losses[1] - losses[0]) > 1e-4
+    for (n, p), q in zip(doubled.named_parameters(), scaled.parameters()):
+        want = 2 * q.grad if n.endswith('.V.a') else q.grad
+        assert torch.allclose(p.grad, want, atol=1e-6), n
+    # and one optimizer step later the overridden model is still the doubled-a one
+    for m in (doubled, scaled):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        opt.step()
+        m.zero_grad()
+    assert doubled(idx, targets=idx)[1].item() != pytest.approx(losses[1], abs=1e-6)
+
+
+def test_every_table_entry_builds_its_declared_class_integrator_width_and_cost():
+    cfg = PRESETS['60m']
+    base = flops_per_token(GPTConfig(**cfg), 512)
+    for name, spec in QK_TRANSFORMS.items():
+        for attn in (name, 'diff+' + name):
+            model = build(attn, qk_hidden=8)
+            for qk in qk_maps(model):
+                assert type(qk) is spec.cls and getattr(qk, 'integrator', None) == spec.integrator, attn
+                widths = {mlp.W.shape[1] for mlp in qk.modules() if isinstance(mlp, M.HeadMLP)}
+                assert widths == {spec.hidden(8)}, attn
+        assert spec.cls.flops(64, spec.hidden(12), 1, spec.integrator) > 0
+        assert flops_per_token(GPTConfig(attn=name, **cfg), 512) > base
+
+
+def test_a_transform_added_to_the_table_alone_trains_is_costed_and_keeps_its_integrator(monkeypatch):
+    # a forker's new variant: another leapfrog potential, twice as wide; nothing but the table entry
+    monkeypatch.setitem(QK_TRANSFORMS, 'wide-leapfrog', QKTransform(Hamiltonian, 'leapfrog', lambda m: 2 * m))
+    assert 'wide-leapfrog' in attn_names() and 'diff+wide-leapfrog' in attn_names()
+    for attn in ('wide-leapfrog', 'diff+wide-leapfrog'):
+        m = build(attn)
+        assert all(qk.integrator == 'leapfrog' and qk.V.W.shape[1] == 24 for qk in qk_maps(m))
+        assert sum(p.numel() for p in m.qk_parameters()) == sum(p.numel() for p in build(attn.replace(
+            'wide-leapfrog', 'coupled')).qk_parameters()) + 2 * 4 * (12 * 8 + 2 * 12)  # 2 layers x 4 heads x 12 more
+        opt = m.configure_optimizers(0.1, 3e-3, (0.9, 0.95), 'cpu')
+        idx = idx_batch(B=4)
+        first = m(idx[:, :-1], targets=idx[:, 1:])[1].item()
+        for _ in range(8):
+            loss = m(idx[:, :-1], targets=idx[:, 1:])[1]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert loss.item() < first - 0.2
+    cfg = GPTConfig(attn='wide-leapfrog', **PRESETS['60m'])
+    assert flops_per_token(cfg, 512) > flops_per_token(GPTConfig(attn='coupled', **PRESETS['60m']), 512)
+    r = run('-c', "import model, bench; from model import *; "
+            "model.QK_TRANSFORMS['wide-leapfrog'] = QKTransform(Hamiltonian, 'leapfrog', lambda m: 2 * m); "
+            "print(bench.flop_ratio(GPTConfig(attn='wide-leapfrog', **PRESETS['60m']), 512))")
+    assert r.returncode == 0 and 1.0 < float(r.stdout) < 1.05, r.stderr  # bench's FLOP model tabulates it
+
+
+def test_an_unknown_transform_is_an_error_in_the_flop_model_never_a_zero(monkeypatch):
+    cfg = GPTConfig(attn='euler')
+    monkeypatch.delitem(QK_TRANSFORMS, 'euler')
+    with pytest.raises(ValueError, match='euler'):
+        flops_per_token(cfg, 128)
+    with pytest.raises(ValueError, match='euler'):
+        GPTConfig(attn='euler')
+
+
+def test_q_k_parameters_are_found_wherever_the_module_sits():
+    # a forker's shared potential, attached to the GPT instead of a layer, is still counted and not decayed
+    m = build('standard')
+    m.shared = Hamiltonian(4, 8, 12, 1)
+    assert {id(p) for p in m.qk_parameters()} == {id(p) for p in m.shared.parameters()}
+    opt = m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
     decayed = {id(p) for g in opt.param_groups if g['weight_decay'] > 0 for p in g['params']}
-    names = {id(p): n for n, p in model.named_parameters()}
-    assert decayed and not any('.qk.' in names[i] for i in decayed)
+    assert not decayed & {id(p) for p in m.shared.parameters()}
+
+
+def test_train_py_takes_every_model_default_it_does_not_set_from_gptconfig():
+    r = run('train.py', '--help')
+    shown = dict(re.findall(r'^  --(\w+)=(.*)$', r.stdout, re.M))
+    laptop = {'n_layer', 'n_head', 'n_embd', 'block_size'}  # the laptop shape train.py writes down
+    for f in dataclasses.fields(GPTConfig):
+        if f.name not in laptop | {'vocab_size'}:
+            assert shown[f.name] == str(f.default), f.name  # qk_decay included: model, optimizer, trainer agree
+    assert not GPTConfig().qk_decay
+
+
+def test_importing_bench_runs_nothing():
+    r = run('-c', 'import time; t = time.time(); import bench; print(round(time.time() - t, 1))')
+    assert r.returncode == 0 and r.stderr == '' and float(r.stdout) < 5
 # ===============================================================================================================
 # the scripts, run the way a user runs them
 
@@ -698,6 +764,19 @@ def test_offline_named_corpus_fails_in_one_line_and_local_copy_works(tmp_path):
     assert json.load(open(tmp_path / 'data' / 'pubmed' / 'meta.json'))['corpus'] == 'pubmed'
 
 
+@pytest.mark.parametrize('name, fn, blob', [
+    ('web', 'ori_pqal.json', lambda: pubmed_fixture()[0]),                  # PubMedQA's JSON as "web"
+    ('shakespeare', 'c4.json.gz', lambda: web_fixture()[0]),                # C4 pages as "shakespeare"
+    ('shakespeare', 'c4.jsonl', lambda: gzip.decompress(web_fixture()[0])),  # the same, unzipped
+    ('pubmed', 'input.txt', lambda: TEXT.encode()),                         # a play as "pubmed"
+])
+def test_a_named_corpus_from_the_wrong_file_is_refused_in_one_line(tmp_path, name, fn, blob):
+    (tmp_path / fn).write_bytes(blob())
+    r = run('prepare_data.py', name, f'--input={tmp_path / fn}', f'--data_dir={tmp_path / "data"}')
+    assert one_line_error(r, f"is not the {name} corpus's file") and not (tmp_path / 'data').exists()
+    assert 'using it anyway' not in r.stdout
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # train.py
 
@@ -754,14 +833,13 @@ def test_resume_and_eval_take_every_setting_from_the_checkpoint(corpus, tmp_path
     assert one_line_error(r, '--block_size=64 here but 40 in the checkpoint')
 
 
-def test_a_checkpoint_from_before_qk_decay_resumes(corpus, tmp_path):
-    assert train(corpus, tmp_path, '--attn=coupled', '--qk_decay=True', '--max_iters=2').returncode == 0
+def test_a_checkpoint_with_other_parameter_names_is_refused_in_one_line(corpus, tmp_path):
+    assert train(corpus, tmp_path, '--attn=coupled', '--max_iters=2').returncode == 0
     ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
-    del ckpt['config']['qk_decay'], ckpt['train_time']  # what older versions saved
+    ckpt['model'] = {k.replace('.V.W', '.V.c_fc'): v for k, v in ckpt['model'].items()}  # an older model.py's names
     torch.save(ckpt, tmp_path / 'ckpt.pt')
     r = train(corpus, tmp_path, '--init_from=resume', '--max_iters=4')
-    assert r.returncode == 0, r.stderr
-    assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['config']['qk_decay'] is True
+    assert one_line_error(r, 'another version of model.py')
 
 
 def test_full_split_evaluation_equals_an_independent_computation(corpus, tmp_path):
@@ -975,6 +1053,354 @@ def test_compile_works_on_cpu(corpus, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# the loop on a GPU's terms: no host-device sync between log steps, non-finite losses caught before any save, MFU
+
+def patched_train(corpus, out_dir, patch, *args, popen=False, **kw):
+    """train.py run as a user runs it, with `patch` (python code) executed first, e.g. to count syncs or make the
+    checkpoint write slow."""
+    code = (patch + "\nimport runpy, sys\nsys.argv = ['train.py'] + sys.argv[1:]\n"
+            "runpy.run_path('train.py', run_name='__main__')\n")
+    argv = [sys.executable, '-c', code, f'--data_dir={corpus}', f'--out_dir={out_dir}', *SMALL, *args]
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    if popen:
+        return subprocess.Popen(argv, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                **kw)
+    return subprocess.run(argv, cwd=HERE, env=env, capture_output=True, text=True, timeout=240, **kw)
+
+
+COUNT_SYNCS = """
+import json, sys, torch
+calls = []
+def counting(name, orig):
+    def f(self, *a, **k):
+        frame = sys._getframe(1)  # called from train.py itself (its loop, its functions), not from torch
+        if frame.f_code.co_filename.endswith('train.py') and frame.f_code.co_name != 'get_batch':
+            calls.append([frame.f_globals.get('iter_num'), frame.f_code.co_name, name])
+        return orig(self, *a, **k)
+    return f
+for name in ('item', 'tolist', 'cpu', 'numpy', '__bool__', '__float__', '__int__', '__format__'):
+    setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
+import atexit
+atexit.register(lambda: json.dump(calls, open(SYNCS, 'w')))
+"""
+
+
+def test_the_loop_syncs_with_the_device_only_at_log_steps_and_evals(corpus, tmp_path):
+    # every .item()/.cpu()/bool(tensor)... that train.py makes, with the iteration it was made at: between log steps
+    # (every 10) and evals (every 15) there must be none, so a GPU never waits for the host
+    patch = COUNT_SYNCS.replace('SYNCS', repr(str(tmp_path / 'syncs.json')))
+    r = patched_train(corpus, tmp_path / 'out', patch, '--max_iters=30', '--log_interval=10', '--eval_interval=15')
+    assert r.returncode == 0, r.stderr[-2000:]
+    calls = json.load(open(tmp_path / 'syncs.json'))
+    in_loop = {it for it, fn, name in calls if fn in ('<module>', 'check_losses')}
+    assert in_loop and in_loop <= {0, 1, 10, 15, 20, 30}, sorted(in_loop)  # evals 0, 15, 30; logs 1, 10, 20, 30
+    assert {10, 20} <= in_loop  # the log steps do read the loss (so this test would see a sync per iteration)
+
+
+INJECT_NAN = """
+import model, torch
+forward, seen = model.GPT.forward, [0]
+def nan_at(self, idx, targets=None, cache=None):
+    logits, loss = forward(self, idx, targets, cache)
+    if self.training and targets is not None and torch.is_grad_enabled():
+        seen[0] += 1
+        if seen[0] == AT + 1:  # the training forward of iteration AT
+            loss = loss * float('nan')
+    return logits, loss
+model.GPT.forward = nan_at
+"""
+
+
+@pytest.mark.parametrize('at, log_every', [(12, 5), (18, 7)])  # mid-interval; in an interval that ends at an eval
+def test_a_nan_between_checkpoints_stops_the_run_and_the_last_good_checkpoint_resumes(corpus, tmp_path, at,
+                                                                                    log_every):
+    r = patched_train(corpus, tmp_path, INJECT_NAN.replace('AT', str(at)), '--max_iters=40', '--eval_interval=10',
+                      f'--log_interval={log_every}', '--attn=coupled')
+    assert r.returncode == 3 and f'not finite at iteration {at}' in r.stderr, r.stderr[-2000:]
+    assert 'last good checkpoint (iteration 10)' in r.stderr
+    ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
+    assert ckpt['iter_num'] == 10 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
+    r = train(corpus, tmp_path, '--init_from=resume')
+    assert r.returncode == 0 and 'at iteration 10' in r.stdout
+    assert math.isfinite([m for m in metrics(tmp_path) if m['event'] == 'final'][-1]['val_loss'])
+
+
+def test_mfu_is_in_the_log_line_where_the_peak_is_known(corpus, tmp_path):
+    # on CUDA the peak comes from model.GPU_PEAK_FLOPS by the device's name; here a mocked peak stands in for it
+    r = patched_train(corpus, tmp_path, "import model\nmodel.peak_flops = lambda device: 1e12", '--max_iters=4',
+                      '--log_interval=2')
+    assert r.returncode == 0, r.stderr
+    assert re.search(r'iter 4/4 \| .* \| mfu \d+\.\d%', r.stdout), r.stdout
+    record = [m for m in metrics(tmp_path) if m['event'] == 'train'][-1]
+    want = flops_per_token(GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=32, vocab_size=257), 32) * 4 * 32
+    assert record['mfu'] == pytest.approx(want / (record['ms'] / 1000) / 1e12, rel=1e-6)
+    assert '| mfu' not in train(corpus, tmp_path / 'cpu', '--max_iters=2').stdout  # no peak, no MFU (CPU)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Ctrl-C: at any moment, one line and exit code 130
+
+def wait_for(path, timeout=120):
+    deadline = time.time() + timeout
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(path), f"{path} never appeared"
+
+
+def stopped_cleanly(p, timeout=60):
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 130, (p.returncode, out[-1000:], err[-2000:])
+    assert 'Traceback' not in out + err and 'KeyboardInterrupt' not in out + err, err[-2000:]
+    return out.strip().splitlines()[-1], err
+
+
+@pytest.mark.parametrize('moment', ['import torch', 'setup', 'first eval'])
+def test_ctrl_c_during_start_up_stops_with_one_line(corpus, tmp_path, moment):
+    # (before train.py's first line runs, the interpreter's own start-up is Python's: no script can reach it)
+    if moment == 'import torch' and not os.path.exists('/proc/self/maps'):
+        pytest.skip('needs /proc to see the import happen')
+    p = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={tmp_path}', *SMALL],
+                         cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1'))
+    if moment == 'import torch':  # torch's library is being loaded: the handler is in, torch is not yet
+        deadline = time.time() + 60
+        while 'libtorch' not in open(f'/proc/{p.pid}/maps').read() and time.time() < deadline:
+            time.sleep(0.005)
+    else:
+        for line in p.stdout:
+            if line.startswith('parameters:' if moment == 'setup' else 'step 0:'):
+                break
+    p.send_signal(signal.SIGINT)
+    last, err = stopped_cleanly(p)
+    assert last.startswith('interrupted') and err.strip() == ''
+
+
+def test_ctrl_c_stops_a_trainer_that_inherited_sigint_ignored(corpus, tmp_path):
+    # a background job of a non-interactive shell (sh -c 'python train.py & wait') starts with SIGINT ignored
+    p = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={tmp_path}', *SMALL,
+                          '--max_iters=100000', '--eval_interval=5'], cwd=HERE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    wait_for(tmp_path / 'ckpt.pt')
+    p.send_signal(signal.SIGINT)
+    last, _ = stopped_cleanly(p)
+    assert last.startswith('interrupted at iteration') and '--init_from=resume' in last
+
+
+SLOW_SAVE = """
+import pathlib, time, torch
+save, calls = torch.save, [0]
+def slow_save(*a, **k):
+    calls[0] += 1
+    if calls[0] == 2:  # the second checkpoint (iteration 10) takes a while
+        pathlib.Path(FLAG).touch()
+        time.sleep(4)
+    return save(*a, **k)
+torch.save = slow_save
+"""
+
+
+@pytest.mark.parametrize('presses', [1, 2])
+def test_ctrl_c_during_a_checkpoint_write(corpus, tmp_path, presses):
+    # once: the checkpoint is finished first, then the run stops; twice: it stops at once, the previous one intact
+    flag = tmp_path / 'saving'
+    p = patched_train(corpus, tmp_path / 'out', SLOW_SAVE.replace('FLAG', repr(str(flag))), '--max_iters=100000',
+                      '--eval_interval=5', popen=True)
+    wait_for(flag)
+    t0 = time.time()
+    for _ in range(presses):
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+    last, _ = stopped_cleanly(p)
+    ckpt = torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=True)
+    if presses == 1:
+        assert ckpt['iter_num'] == 10 and last.startswith('interrupted at iteration 10;') and 'iteration 10.' in last
+    else:
+        assert time.time() - t0 < 3 and ckpt['iter_num'] == 5 and 'last checkpoint is at iteration 5.' in last
+    assert train(corpus, tmp_path / 'out', '--init_from=resume', '--max_iters=12').returncode == 0
+
+
+SLOW_EVAL = """
+import numpy, pathlib, time
+fromfile = numpy.fromfile
+def slow_fromfile(*a, **k):  # only the full-split evaluation reads a split whole
+    pathlib.Path(FLAG).touch()
+    time.sleep(4)
+    return fromfile(*a, **k)
+numpy.fromfile = slow_fromfile
+"""
+
+
+@pytest.mark.parametrize('when', ['final evaluation', 'eval_only', 'sample'])
+def test_ctrl_c_during_an_evaluation_or_a_sample(corpus, tmp_path, when):
+    out = tmp_path / 'out'
+    if when != 'final evaluation':
+        assert train(corpus, out, '--max_iters=2').returncode == 0
+    flag = tmp_path / 'evaluating'
+    patch = SLOW_EVAL.replace('FLAG', repr(str(flag)))
+    if when == 'sample':
+        patch = patch.replace('numpy.fromfile = slow_fromfile', 'import model\nmodel.GPT.generate = '
+                              'lambda *a, **k: (pathlib.Path(FLAG).touch(), time.sleep(4))'.replace('FLAG', repr(str(flag))))
+    extra = {'final evaluation': ['--max_iters=4', '--eval_interval=2'], 'eval_only': ['--eval_only=True'],
+             'sample': ['--sample=The ']}[when]
+    p = patched_train(corpus, out, patch, *extra, popen=True)
+    wait_for(flag)
+    p.send_signal(signal.SIGINT)
+    last, _ = stopped_cleanly(p)
+    if when == 'final evaluation':
+        assert last == (f"interrupted during the final evaluation; the last checkpoint is at iteration 4. Continue "
+                        f"with: python train.py --init_from=resume --out_dir={out}")
+        r = train(corpus, out, '--init_from=resume')  # which finishes the evaluation and logs the final record
+        assert r.returncode == 0 and metrics(out)[-1]['event'] == 'final'
+    else:
+        assert last == 'interrupted; nothing was written'
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a run owns its out_dir; a full disk is one line
+
+def test_two_trainers_never_share_an_out_dir(corpus, tmp_path):
+    out = tmp_path / 'out'
+    first = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={out}', *SMALL,
+                              '--max_iters=100000', '--time_budget=20', '--eval_interval=50', '--seed=1'], cwd=HERE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, OMP_NUM_THREADS='1'))
+    wait_for(out / 'metrics.jsonl')
+    for args in (['--seed=2'], ['--init_from=resume'], ['--attn=coupled', '--seed=3']):
+        r = train(corpus, out, *args)
+        assert one_line_error(r, 'is in use by a running train.py') and f'pid {first.pid}' in r.stderr, r.stderr
+    assert first.poll() is None  # the refusals came while it trained
+    out_, err = first.communicate(timeout=240)
+    assert first.returncode == 0, err[-2000:]
+    log = metrics(out)
+    assert [m['config']['seed'] for m in log if m['event'] == 'start'] == [1]
+    assert log[-1]['event'] == 'final' and [m['iter'] for m in log if m['event'] == 'eval'][:2] == [0, 50]
+    ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
+    assert ckpt['iter_num'] == log[-1]['iter'] and ckpt['config']['seed'] == 1 and ckpt['config']['attn'] == 'standard'
+    # started at the same moment on an empty folder: one trains, the other is refused and touches nothing
+    both = [subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={tmp_path / "new"}',
+                              *SMALL, '--max_iters=6', f'--seed={s}'], cwd=HERE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
+            for s in (1, 2)]
+    codes = sorted(p.wait(timeout=240) for p in both)
+    assert codes == [0, 2]
+    seeds = [m['config']['seed'] for m in metrics(tmp_path / 'new') if m['event'] == 'start']
+    assert len(seeds) == 1 and torch.load(tmp_path / 'new' / 'ckpt.pt', weights_only=True)['config']['seed'] == seeds[0]
+
+
+def limited(size):  # run a child with files capped at size bytes: writes past it fail as on a full disk
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+
+def test_a_full_disk_while_saving_or_logging_is_one_line_and_the_last_checkpoint_survives(corpus, tmp_path):
+    out = tmp_path / 'out'
+    assert train(corpus, out, '--max_iters=4', '--eval_interval=2').returncode == 0
+    before = (out / 'ckpt.pt').read_bytes()
+    r = train(corpus, out, '--init_from=resume', '--max_iters=8', preexec_fn=limited(200_000))  # ckpt: megabytes
+    assert r.returncode == 1 and one_line_error(r, 'cannot write') and 'ckpt.pt' in r.stderr, r.stderr
+    assert 'last good checkpoint is intact' in r.stderr and '(iteration 4)' in r.stderr
+    assert (out / 'ckpt.pt').read_bytes() == before and not (out / 'ckpt.pt.tmp').exists()
+    # the log: a full disk mid-line leaves whole lines only, and says so in one line
+    r = train(corpus, tmp_path / 'log', '--max_iters=200', '--eval_interval=1000', preexec_fn=limited(4000))
+    assert r.returncode == 1 and one_line_error(r, 'metrics.jsonl') and 'no checkpoint was written' in r.stderr
+    text = (tmp_path / 'log' / 'metrics.jsonl').read_text()
+    assert text.endswith('\n') and all(json.loads(line) for line in text.splitlines())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bench.py --report: rows of comparable runs, the tokens standard needs, curves
+
+def fake_run(folder, evals, final_ppl, **config):
+    """A finished run's metrics.jsonl: a start record, evals [(tokens, val_loss)], a final record."""
+    cfg = dict(dataset='pydocs', attn='standard', n_layer=2, n_head=4, n_embd=128, block_size=32, bias=False,
+               pos='learned', batch_size=4, gradient_accumulation_steps=1, eval_iters=2, learning_rate=1e-3,
+               max_iters=evals[-1][0] // 128, seed=1) | config
+    os.makedirs(folder)
+    records = [dict(event='start', iter=0, config=cfg)]
+    records += [dict(event='eval', iter=t // 128, tokens=t, val_loss=loss, qk=[]) for t, loss in evals]
+    records += [dict(event='final', iter=evals[-1][0] // 128, tokens=evals[-1][0], val_loss=math.log(final_ppl),
+                     val_ppl=final_ppl)]
+    with open(os.path.join(folder, 'metrics.jsonl'), 'w') as f:
+        f.writelines(json.dumps(r) + '\n' for r in records)
+
+
+def report_rows(stdout):
+    return {row.split(' | ')[1]: row.split(' | ') for row in stdout.splitlines() if row.startswith('| pydocs')}
+
+
+def test_report_reads_the_tokens_standard_needs_off_its_curves(tmp_path):
+    curve = [(0, 5.0), (128, 4.0), (256, 3.0), (384, 2.5), (512, 2.0)]
+    for s in (1, 2):  # standard: two seeds whose mean is the curve above
+        fake_run(tmp_path / f'standard-s{s}', [(t, v + (0.1 if s == 1 else -0.1)) for t, v in curve], 8.0, seed=s)
+    fake_run(tmp_path / 'standard-2.4x-s1', [(int(t * 2.4) // 128 * 128, v - 0.4) for t, v in curve], 7.0,
+             max_iters=9)  # a longer standard run: its curve reaches further
+    fake_run(tmp_path / 'coupled-s1', [(0, 5.0), (256, 3.2), (512, 2.9)], 9.0, attn='coupled')
+    fake_run(tmp_path / 'uncoupled-s1', [(0, 5.0), (256, 3.0), (512, 1.0)], 6.0, attn='uncoupled')
+    r = run('bench.py', f'--report={tmp_path}')
+    assert r.returncode == 0, r.stderr
+    rows = report_rows(r.stdout)
+    # read off the longest standard run, standard-2.4x: (0, 4.6), (256, 3.6), (512, 2.6), (896, 2.1), (1152, 1.6)
+    assert rows['coupled'][5] == '0.85x'  # 2.9 is reached 0.7 of the way from 256 to 512: 435.2 tokens, / 512
+    assert rows['standard'][5] == '1.85x'  # 2.0 (mean of 2.1, 1.9): 947.2 tokens; a long run's mid-run points
+    assert rows['uncoupled'][5] == '> 2.25x'  # 1.0: never, the curve ends at 1152 tokens
+    assert rows['standard-2.4x'][4] == '-12.5% at 2.25x its tokens'  # different tokens: never compared silently
+    assert 'reads the curve of standard-2.4x (1 seed, 5 evals to 1,152 tokens)' in r.stdout
+
+
+def test_report_splits_a_label_whose_runs_differ_and_skips_what_is_not_a_record(corpus, tmp_path):
+    curve = [(0, 5.0), (128, 3.0)]
+    fake_run(tmp_path / 'standard-s1', curve, 8.0, n_layer=2, seed=1)
+    fake_run(tmp_path / 'standard-s3', curve, 9.0, n_layer=1, seed=3)  # another model under the same label
+    fake_run(tmp_path / 'coupled-s1', curve, 8.5, attn='coupled', n_layer=2)
+    fake_run(tmp_path / 'diff-s1', curve, 8.5, attn='diff', n_layer=2)
+    with open(tmp_path / 'coupled-s1' / 'metrics.jsonl', 'a') as f:
+        f.write('[1, 2]\nnull\n"text"\n{"event": "train", "it')  # valid JSON that is not a record; a cut line
+    lines = open(tmp_path / 'diff-s1' / 'metrics.jsonl').read().splitlines()
+    (tmp_path / 'diff-s1' / 'metrics.jsonl').write_text('\n'.join(lines[:-1] + ['{"event": "final", "iter": 1}']))
+    r = run('bench.py', f'--report={tmp_path}')
+    assert r.returncode == 0, r.stderr
+    rows = report_rows(r.stdout)
+    assert set(rows) == {'standard [n_layer=1]', 'standard [n_layer=2]', 'coupled'}
+    assert rows['coupled'][4] == '+6.2%'  # against the standard of its own shape
+    assert 'pydocs/standard: its runs are not all alike (n_layer differ); shown as 2 rows' in r.stderr
+    assert r.stderr.count('is not a log record') == 4 and "diff-s1/metrics.jsonl's final record lacks" in r.stderr
+    # resume skips such lines with the same warning, and its rewritten log holds records only
+    out = tmp_path / 'run'
+    assert train(corpus, out, '--max_iters=2', '--eval_interval=1').returncode == 0
+    with open(out / 'metrics.jsonl', 'a') as f:
+        f.write('[1, 2]\nnull\n')
+    r = train(corpus, out, '--init_from=resume', '--max_iters=3')
+    assert r.returncode == 0 and r.stderr.count('is not a log record') == 2, r.stderr
+    assert all(isinstance(m, dict) for m in metrics(out))
+
+
+def test_report_plot_draws_the_curves_or_says_how_to_get_them(tmp_path):
+    fake_run(tmp_path / 'runs' / 'standard-s1', [(0, 5.0), (128, 3.0), (256, 2.5)], 8.0)
+    fake_run(tmp_path / 'runs' / 'coupled-s1', [(0, 5.0), (128, 3.1), (256, 2.4)], 8.0, attn='coupled')
+    r = run('-c', "import sys; sys.modules['matplotlib'] = None; import bench; sys.argv = ['bench.py', "
+            f"'--report={tmp_path / 'runs'}', '--plot={tmp_path / 'c.png'}']; bench.main()")
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+        "error: --plot needs matplotlib (pip install matplotlib); the table above needs nothing")
+    pytest.importorskip('matplotlib')
+    r = run('bench.py', f'--report={tmp_path / "runs"}', f'--plot={tmp_path / "c.png"}')
+    assert r.returncode == 0 and (tmp_path / 'c.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_gpu_check_runs_at_a_reduced_shape_on_cpu(corpus, tmp_path):
+    r = run('bench.py', '--gpu_check', '--device=cpu', '--preset=tiny', '--batch_size=2', '--block_size=32',
+            '--vocab_size=257', '--iters=1', '--warmup=0', '--train_iters=4', '--train_compile=False',
+            '--eval_iters=2', f'--data_dir={corpus}', f'--out={tmp_path}', timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert re.search(r'eager \d\.\d{3}, compiled \d\.\d{3}', r.stdout)
+    for row in ('ms/iter', 'tokens/s', 'MFU', 'val loss (full split)'):
+        assert re.search(rf'^\| {re.escape(row)} \| ', r.stdout, re.M), row
+    runs = [d for d in os.listdir(tmp_path)]
+    assert len(runs) == 1 and all(metrics(tmp_path / runs[0] / a)[-1]['event'] == 'final'
+                                  for a in ('standard', 'coupled'))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # the README's one-GPU recipe: every command's code path, on CPU, at a reduced shape
 
 def gpu_recipe():
@@ -1054,11 +1480,17 @@ def test_bench_writes_one_record_per_variant_and_mode(tmp_path):
     (['--attn=hamiltonian'], 'hamiltonian'), (['--mode=backward'], 'backward'), (['--preset=huge'], 'preset'),
     (['--iters=0'], '--iters'), (['--block_size=-4'], '--block_size'), (['--batch_size=0'], '--batch_size'),
     (['--new_tokens=0'], '--new_tokens'), (['--warmup=-1'], '--warmup'),
-    (['--json_out=/nonexistent/dir/b.jsonl'], 'json_out'),
+    (['--json_out=/nonexistent/dir/b.jsonl'], 'json_out'), (['--device=tpu'], 'unknown'),
+    (['--plot=c.png'], '--report'),
 ])
 def test_bench_bad_flags_give_one_clear_line(args, words):
     r = run('bench.py', *args)
     assert one_line_error(r, words)
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason='MPS is available here')
+def test_bench_on_mps_off_a_mac_is_one_line():
+    assert one_line_error(run('bench.py', '--device=mps'), 'MPS is not available')
 
 
 def test_report_tabulates_any_run_folders_and_survives_a_cut_line(corpus, tmp_path):
