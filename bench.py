@@ -28,13 +28,28 @@ from contextlib import nullcontext
 
 import torch
 
-from model import GPU_PEAK_FLOPS, PRESETS, GPT, GPTConfig, attn_names, flops_per_token, median_layer
+from model import PRESETS, GPT, GPTConfig, attn_names, flops_per_token
 
 MODES = ('train', 'forward', 'generate')
 
 
 def flop_ratio(cfg, T):  # the FLOP model's cost of cfg's variant over standard attention of the same shape
     return flops_per_token(cfg, T) / flops_per_token(GPTConfig(**{**cfg.__dict__, 'attn': 'standard'}), T)
+
+
+def median_layer(stats, key):  # model.qk_diagnostics' one summary: the median over layers (mean of the middle two)
+    return statistics.median(s[key] for s in stats)
+
+
+# dense bf16 peak FLOP/s (NVIDIA datasheets, without sparsity), for MFU; first match of the device name wins
+GPU_PEAK_FLOPS = [('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('A100', 312e12), ('L40S', 362e12),
+                  ('L4', 121e12), ('A10', 125e12)]
+
+
+def peak_flops(device):  # of a CUDA device, for MFU; None elsewhere, or for a GPU not in the list
+    if not str(device).startswith('cuda'):
+        return None
+    return next((peak for key, peak in GPU_PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -361,8 +376,8 @@ def timing(args, variants, modes, device):
                   f"{(spent - warm) / (r + 1) * (iters - r - 1):.0f} s left", flush=True)
         for v in variants:
             ms = 1000 * statistics.median(times[v])
-            # the ratio pairs each round's time with standard's in the same round, then takes the median: a slow spell
-            # of the machine (on a shared VM, +-10% for seconds at a time) then cancels instead of landing on one variant
+            # the ratio pairs each round's time with standard's in the same round, then takes the median: a slow
+            # spell of the machine (a shared VM: +-10% for seconds) then cancels instead of landing on one variant
             ratio = statistics.median(t / t0 for t, t0 in zip(times[v], times['standard']))
             results[(v, mode)] = dict(attn=v, mode=mode, ms_per_iter=ms, tokens_per_s=ntok / ms * 1000,
                                       ratio_vs_standard=ratio, peak_mem_mb=peak.get(v), iters=iters,
@@ -428,7 +443,8 @@ def gpu_check(args, device):
     mean = lambda attn, k: statistics.mean(r[k] for r in logs[attn] if r.get(k) is not None) if any(
         r.get(k) is not None for r in logs[attn]) else None
     print(f"\ngpu check: {torch.cuda.get_device_name(device) if device.startswith('cuda') else device}, "
-          f"preset {args.preset}, {args.batch_size}x{args.block_size} tokens, {args.dtype}; {time.time() - t_start:.0f} s")
+          f"preset {args.preset}, {args.batch_size}x{args.block_size} tokens, {args.dtype}; "
+          f"{time.time() - t_start:.0f} s")
     print(f"bench.py training step, coupled / standard: eager {steps['False']:.3f}, compiled {steps['True']:.3f}")
     print("| train.py, {} iterations | standard | coupled | coupled / standard |\n|---|---|---|---|".format(
         args.train_iters))
@@ -508,7 +524,8 @@ def main():
     if device.startswith('cuda') and not torch.cuda.is_available():
         p.error(f"--device={device} but CUDA is not available here; use --device=cpu")
     if device == 'mps' and not torch.backends.mps.is_available():
-        p.error("--device=mps but Apple's MPS is not available here (it needs macOS on Apple silicon); use --device=cpu")
+        p.error("--device=mps but Apple's MPS is not available here (it needs macOS on Apple silicon); use "
+                "--device=cpu")
     torch.backends.cuda.matmul.allow_tf32 = True
     if not device.startswith('cuda'):
         keep_freed_memory()

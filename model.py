@@ -1,16 +1,13 @@
 """
 A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped. Every attention
-variant behind one config field, `attn`: standard; coupled (q, k evolved jointly by a learned Hamiltonian,
-leapfrog: the paper's method); euler; uncoupled (matched MLPs on q and k apart); invertible (affine couplings,
-the paper's v2); diff (Differential Attention, Ye et al. 2024); diff+<transform>. A q/k transform is one entry of
-the table QK_TRANSFORMS, which the model, the FLOP model and the tests all read. In order: config; the q/k
-transforms and their table; attention, block, GPT; the KV cache; the coupling diagnostic; the FLOP model.
+variant behind one config field, `attn`: standard, diff (Differential Attention, Ye et al. 2024), or a q/k transform
+of the table QK_TRANSFORMS (coupled: the paper's leapfrog; euler; uncoupled; invertible: v2), alone or as diff+<it>.
+In order: config; the q/k transforms and their table; attention, block, GPT; KV cache; diagnostic; FLOP model.
 """
 
 import math
-import statistics
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional
+from collections import namedtuple
 
 import torch
 import torch.nn as nn
@@ -126,12 +123,6 @@ class Hamiltonian(nn.Module):
             raise ValueError("only leapfrog is time-reversible (run with -dt to return); euler's inverse is implicit")
         return self(q, k, dt=-self.dt)  # kick-drift-kick is symmetric: integrating with -dt returns
 
-    @staticmethod
-    def flops(hs, m, steps, integrator):  # forward FLOPs per token and head
-        force = 4 * m * hs + 10 * m  # W q, W^T (.), silu' elementwise
-        # leapfrog: a perfect implementation reuses the force at the step boundary (n+1 forces, not 2n)
-        return (steps + 1) * force + steps * 6 * hs if integrator == 'leapfrog' else steps * (force + 4 * hs)
-
 
 class Uncoupled(nn.Module):
     """Matched-capacity baseline: q += dt g_q(q), k += dt g_k(k); each stream sees only itself."""
@@ -149,16 +140,11 @@ class Uncoupled(nn.Module):
             q, k = q + self.g_q(q, dt), k + self.g_k(k, dt)       # q += dt g_q(q); k += dt g_k(k)
         return q, k
 
-    @staticmethod
-    def flops(hs, h, steps, integrator):
-        return steps * 2 * (4 * h * hs + 5 * h + 2 * hs)
-
 
 class Invertible(nn.Module):
-    """RealNVP-style coupling of q and k, identity at init: k <- k exp(s1(q)) + t1(q); q <- q exp(s2(k)) + t2(k).
-    (integrator and dt are not used: the map starts at the identity through its zero last layers.)"""
+    """RealNVP-style coupling of q and k, identity at init: k <- k exp(s1(q)) + t1(q); q <- q exp(s2(k)) + t2(k)."""
 
-    def __init__(self, n_head, head_size, hidden, steps, integrator=None, dt=None, in_std=None):
+    def __init__(self, n_head, head_size, hidden, steps, integrator=None, dt=None, in_std=None):  # starts at identity
         super().__init__()
         self.st1 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, in_std=in_std)  # q -> (s1, t1)
         self.st2 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, in_std=in_std)  # k -> (s2, t2)
@@ -185,26 +171,27 @@ class Invertible(nn.Module):
             k = (k - t1) * torch.exp(-s1)
         return q, k
 
-    @staticmethod
-    def flops(hs, h, steps, integrator):
-        return steps * 2 * (6 * h * hs + 5 * h + 8 * hs)
 
+# A q/k transform: its class, built as cls(n_head, head_size, hidden, steps, integrator, dt, in_std); Hamiltonian's
+# integrator ('leapfrog' or 'euler', None for the others); its nets' hidden width from --qk_hidden m; and its forward
+# FLOPs per token and head, flops(hs, hidden, steps), for the FLOP model
+QKTransform = namedtuple('QKTransform', 'cls integrator hidden flops')
+force_flops = lambda hs, m: 4 * m * hs + 10 * m  # noqa: E731  W q, W^T (.), silu' elementwise
 
-class QKTransform(NamedTuple):
-    cls: type                      # built as cls(n_head, head_size, hidden, steps, integrator, dt, in_std)
-    integrator: Optional[str]      # Hamiltonian's 'leapfrog' or 'euler'; None for the others
-    hidden: Callable[[int], int]   # hidden width of its nets, from --qk_hidden m
-
-
-# A new q/k transform is one entry here: --attn=<name> and --attn=diff+<name> build it, the FLOP model (cls.flops)
-# and the tests read it, and the parameters of its class are the q/k parameters (the budget, --qk_decay).
+# A new q/k transform is one entry here: --attn=<name> and --attn=diff+<name> build it, the FLOP model and the tests
+# read it, and the parameters of its class are the q/k parameters (the budget, --qk_decay).
 QK_TRANSFORMS = {
-    'coupled': QKTransform(Hamiltonian, 'leapfrog', lambda m: m),      # the paper's method
-    'euler': QKTransform(Hamiltonian, 'euler', lambda m: m),           # the same H, not symplectic
+    # the paper's method. A perfect leapfrog reuses the force at the step boundary: n+1 forces, not 2n
+    'coupled': QKTransform(Hamiltonian, 'leapfrog', lambda m: m,
+                           lambda hs, m, n: (n + 1) * force_flops(hs, m) + n * 6 * hs),
+    'euler': QKTransform(Hamiltonian, 'euler', lambda m: m,  # the same H, not symplectic
+                         lambda hs, m, n: n * (force_flops(hs, m) + 4 * hs)),
     # 4h hs + 2h + 1 parameters per head vs the potential's m hs + 2m + 1: h = m/4 matches coupled's budget
-    'uncoupled': QKTransform(Uncoupled, None, lambda m: max(1, m // 4)),
+    'uncoupled': QKTransform(Uncoupled, None, lambda m: max(1, m // 4),
+                             lambda hs, h, n: n * 2 * (4 * h * hs + 5 * h + 2 * hs)),
     # 6h hs + 2h per head: h = 0.4 m gives v2's "about 0.3%" at 60m (2.4x coupled's)
-    'invertible': QKTransform(Invertible, None, lambda m: max(1, round(0.4 * m))),
+    'invertible': QKTransform(Invertible, None, lambda m: max(1, round(0.4 * m)),
+                              lambda hs, h, n: n * 2 * (6 * h * hs + 5 * h + 8 * hs)),
 }
 
 
@@ -213,10 +200,10 @@ def attn_names():  # every --attn value, read from the table when asked (so an e
 
 
 def qk_transform(name, n_head, head_size, config):
-    """The q/k map of one layer. n_head counts the (sub-)heads that own a q, k pair."""
+    # The q/k map of one layer; n_head counts the (sub-)heads that own a q, k pair. q, k entries start with spread
+    # 0.02 sqrt(n_embd) (LayerNorm'd x through c_attn at std 0.02): a first layer of std qk_scale / (0.02 sqrt(n_embd
+    # hs)) gives pre-activations w . q of spread qk_scale at initialization
     spec = QK_TRANSFORMS[name]
-    # q, k entries start with spread 0.02 sqrt(n_embd) (LayerNorm'd x through c_attn at std 0.02): a first layer
-    # of std qk_scale / (0.02 sqrt(n_embd hs)) gives pre-activations w . q of spread qk_scale at initialization
     in_std = config.qk_scale / (0.02 * math.sqrt(config.n_embd * head_size)) if config.qk_scale > 0 else None
     return spec.cls(n_head, head_size, spec.hidden(config.qk_hidden), config.qk_steps, integrator=spec.integrator,
                     dt=config.qk_dt, in_std=in_std)
@@ -395,11 +382,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """
-        Extend idx (B, T) by max_new_tokens sampled tokens. With use_cache a new token costs one position's work
-        while the context fits block_size (the evolved keys and the values are cached); once the window is full,
-        the cache is refilled from the last block_size tokens. temperature=0 picks the most likely token.
-        """
+        """Extend idx (B, T) by max_new_tokens tokens (temperature=0: the most likely). With use_cache a new token
+        costs one position's work while the context fits block_size; a full window refills the cache."""
         bs, cache = self.config.block_size, None
         for _ in range(max_new_tokens):
             if cache is not None and len(cache) < bs:  # one new token; the cache holds the others' keys, values
@@ -421,8 +405,7 @@ class GPT(nn.Module):
 
 
 class KVCache:
-    """Per layer, the keys (evolved, rotated) and values of every token so far, in buffers that grow by doubling:
-    a new token is an in-place write, not a copy of the whole cache. For inference."""
+    """Per layer, the (evolved, rotated) keys and values of every token so far, in buffers that grow by doubling."""
 
     def __init__(self, n_layer):
         self.layers = [None] * n_layer  # (keys, values) buffers, (B, nh, capacity, hs)
@@ -444,17 +427,11 @@ class KVCache:
         return keys[:, :, :n + T], values[:, :, :n + T]
 
 
-# --------------------------------------------------------------------------------------------------------------
-# the coupling diagnostic
-
 @torch.no_grad()
 def qk_diagnostics(model, idx):
-    """
-    How much, and how nonlinearly, each layer's q/k map moves real tokens idx (B, T). Per layer (and head):
-      dq = |q' - q| / |q|,  dk = |k' - k| / |k|,
-      nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)|   (least squares per head, over all tokens)
-    A linear map (dt = 0, or a potential in SiLU's straight range) gives nonlinear ~ 0: W_q, W_k could absorb it.
-    """
+    """How much, and how nonlinearly, each layer's q/k map moves real tokens idx (B, T). Per layer (and head):
+    dq = |q' - q| / |q|, dk = |k' - k| / |k|, nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)| (least
+    squares per head, over all tokens): ~0 for a linear map (dt = 0, SiLU's straight range), which W_q, W_k absorb."""
     seen, training = [], model.training  # seen: (q, k, q', k') of every q/k map, in layer order
     hooks = [blk.attn.qk.register_forward_hook(lambda mod, inp, out: seen.append((*inp[:2], *out)))
              for blk in model.transformer.h if blk.attn.qk is not None]
@@ -476,10 +453,6 @@ def qk_diagnostics(model, idx):
     return stats
 
 
-def median_layer(stats, key):  # the diagnostic's one summary: the median over layers (mean of the middle two)
-    return statistics.median(s[key] for s in stats)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # FLOP model: what a perfect implementation pays per token of a training step (forward + backward = 3x forward)
 
@@ -492,16 +465,6 @@ def flops_per_token(config, T):
         if config.qk not in QK_TRANSFORMS:
             raise ValueError(f"the FLOP model has no q/k transform {config.qk!r}; add it to QK_TRANSFORMS")
         spec = QK_TRANSFORMS[config.qk]
-        qk = L * nh * spec.cls.flops(hs, spec.hidden(config.qk_hidden), config.qk_steps, spec.integrator)
+        qk = L * nh * spec.flops(hs, spec.hidden(config.qk_hidden), config.qk_steps)
     return 3 * (matmul + attend + qk)
 
-
-# dense bf16 peak FLOP/s (NVIDIA datasheets, without sparsity), for MFU; first match of the device name wins
-GPU_PEAK_FLOPS = [('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('A100', 312e12), ('L40S', 362e12),
-                  ('L4', 121e12), ('A10', 125e12)]
-
-
-def peak_flops(device):  # of a CUDA device, for MFU; None elsewhere, or for a GPU not in the list
-    if not str(device).startswith('cuda'):
-        return None
-    return next((peak for key, peak in GPU_PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None)

@@ -471,13 +471,14 @@ def test_every_table_entry_builds_its_declared_class_integrator_width_and_cost()
                 assert type(qk) is spec.cls and getattr(qk, 'integrator', None) == spec.integrator, attn
                 widths = {mlp.W.shape[1] for mlp in qk.modules() if isinstance(mlp, M.HeadMLP)}
                 assert widths == {spec.hidden(8)}, attn
-        assert spec.cls.flops(64, spec.hidden(12), 1, spec.integrator) > 0
+        assert spec.flops(64, spec.hidden(12), 1) > 0
         assert flops_per_token(GPTConfig(attn=name, **cfg), 512) > base
 
 
 def test_a_transform_added_to_the_table_alone_trains_is_costed_and_keeps_its_integrator(monkeypatch):
     # a forker's new variant: another leapfrog potential, twice as wide; nothing but the table entry
-    monkeypatch.setitem(QK_TRANSFORMS, 'wide-leapfrog', QKTransform(Hamiltonian, 'leapfrog', lambda m: 2 * m))
+    monkeypatch.setitem(QK_TRANSFORMS, 'wide-leapfrog', QKTransform(Hamiltonian, 'leapfrog', lambda m: 2 * m,
+                                                                    QK_TRANSFORMS['coupled'].flops))
     assert 'wide-leapfrog' in attn_names() and 'diff+wide-leapfrog' in attn_names()
     for attn in ('wide-leapfrog', 'diff+wide-leapfrog'):
         m = build(attn)
@@ -496,7 +497,8 @@ def test_a_transform_added_to_the_table_alone_trains_is_costed_and_keeps_its_int
     cfg = GPTConfig(attn='wide-leapfrog', **PRESETS['60m'])
     assert flops_per_token(cfg, 512) > flops_per_token(GPTConfig(attn='coupled', **PRESETS['60m']), 512)
     r = run('-c', "import model, bench; from model import *; "
-            "model.QK_TRANSFORMS['wide-leapfrog'] = QKTransform(Hamiltonian, 'leapfrog', lambda m: 2 * m); "
+            "model.QK_TRANSFORMS['wide-leapfrog'] = QKTransform(Hamiltonian, 'leapfrog', lambda m: 2 * m, "
+            "QK_TRANSFORMS['coupled'].flops); "
             "print(bench.flop_ratio(GPTConfig(attn='wide-leapfrog', **PRESETS['60m']), 512))")
     assert r.returncode == 0 and 1.0 < float(r.stdout) < 1.05, r.stderr  # bench's FLOP model tabulates it
 
@@ -1126,8 +1128,8 @@ def test_a_nan_between_checkpoints_stops_the_run_and_the_last_good_checkpoint_re
 
 
 def test_mfu_is_in_the_log_line_where_the_peak_is_known(corpus, tmp_path):
-    # on CUDA the peak comes from model.GPU_PEAK_FLOPS by the device's name; here a mocked peak stands in for it
-    r = patched_train(corpus, tmp_path, "import model\nmodel.peak_flops = lambda device: 1e12", '--max_iters=4',
+    # on CUDA the peak comes from bench.GPU_PEAK_FLOPS by the device's name; here a mocked peak stands in for it
+    r = patched_train(corpus, tmp_path, "import bench\nbench.peak_flops = lambda device: 1e12", '--max_iters=4',
                       '--log_interval=2')
     assert r.returncode == 0, r.stderr
     assert re.search(r'iter 4/4 \| .* \| mfu \d+\.\d%', r.stdout), r.stdout

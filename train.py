@@ -62,9 +62,8 @@ import torch  # noqa: E402
 from torch.distributed import destroy_process_group, init_process_group  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from bench import read_log  # noqa: E402
-from model import POS, PRESETS, GPT, GPTConfig, attn_names, flops_per_token, median_layer, peak_flops  # noqa: E402
-from model import qk_diagnostics  # noqa: E402
+from bench import median_layer, peak_flops, read_log  # noqa: E402
+from model import POS, PRESETS, GPT, GPTConfig, attn_names, flops_per_token, qk_diagnostics  # noqa: E402
 
 # -----------------------------------------------------------------------------
 _before = set(globals())  # the settings are what this block adds
@@ -549,7 +548,7 @@ if eval_only:
     shutdown(0)
 peak = peak_flops(device)  # for MFU, on CUDA
 if device_type == 'cuda' and peak is None:
-    print0(f"note: no MFU: the peak FLOP/s of {torch.cuda.get_device_name(device)} is not in model.GPU_PEAK_FLOPS")
+    print0(f"note: no MFU: the peak FLOP/s of {torch.cuda.get_device_name(device)} is not in bench.GPU_PEAK_FLOPS")
 flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter
 
 # -----------------------------------------------------------------------------
