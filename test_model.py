@@ -209,13 +209,17 @@ def test_euler_is_not_reversible_by_negating_dt():
         h.inverse(q, k)
 
 
-def jacobian_det(h, hs):
-    """det d(q', k')/d(q, k) for one token of one head (nh=1, B=1, T=1), in float64."""
+def jacobian(h, hs, seed=3):
+    """J = d(q', k')/d(q, k) for one token of one head (nh=1, B=1, T=1), in float64: (2 hs, 2 hs)."""
     def f(x):
         q1, k1 = h(x[:hs].view(1, 1, 1, hs), x[hs:].view(1, 1, 1, hs))
         return torch.cat((q1.flatten(), k1.flatten()))
-    x = torch.randn(2 * hs, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    return torch.linalg.det(torch.autograd.functional.jacobian(f, x)).item()
+    x = torch.randn(2 * hs, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    return torch.autograd.functional.jacobian(f, x)
+
+
+def jacobian_det(h, hs):
+    return torch.linalg.det(jacobian(h, hs)).item()
 
 
 @pytest.mark.parametrize('steps', [1, 4])
@@ -224,6 +228,19 @@ def test_leapfrog_preserves_volume_and_euler_does_not(steps):
     leap, euler = hamiltonian('leapfrog', steps, hs=hs, nh=1), hamiltonian('euler', steps, hs=hs, nh=1)
     assert abs(jacobian_det(leap, hs) - 1.0) < 1e-10
     assert abs(jacobian_det(euler, hs) - 1.0) > 1e-3
+
+
+@pytest.mark.parametrize('steps', [1, 4])
+def test_leapfrog_is_symplectic_and_euler_is_not(steps):
+    # the definition: J^T Omega J = Omega for the map's Jacobian J, Omega = [[0, I], [-I, 0]]
+    hs = 4
+    omega = torch.zeros(2 * hs, 2 * hs, dtype=torch.float64)
+    omega[:hs, hs:], omega[hs:, :hs] = torch.eye(hs), -torch.eye(hs)
+    for seed in (3, 4, 5):  # three tokens
+        leap, euler = jacobian(hamiltonian('leapfrog', steps, hs=hs, nh=1), hs, seed), \
+            jacobian(hamiltonian('euler', steps, hs=hs, nh=1), hs, seed)
+        assert (leap.T @ omega @ leap - omega).abs().max() < 1e-12
+        assert (euler.T @ omega @ euler - omega).abs().max() > 1e-2
 
 
 def test_leapfrog_energy_drift_is_small_and_euler_drifts():
@@ -1438,6 +1455,29 @@ def wikitext103(tmp_path_factory):
     return d / 'data'
 
 
+def test_sample_prints_text_from_a_bytes_and_a_gpt2_checkpoint(corpus, wikitext103, tmp_path):
+    # bytes: the quick start's kind of run
+    assert train(corpus, tmp_path / 'bytes', '--max_iters=30', '--learning_rate=3e-3').returncode == 0
+    r = run('train.py', f'--out_dir={tmp_path / "bytes"}', '--sample=def ', '--sample_tokens=40')
+    assert r.returncode == 0, r.stderr
+    head, text = r.stdout.split("sample (seed 1337, 40 tokens after 'def '):\n")
+    assert text.startswith('def ') and len(text.encode('utf-8', 'surrogateescape')) >= 40
+    again = run('train.py', f'--out_dir={tmp_path / "bytes"}', '--sample=def ', '--sample_tokens=40')
+    other = run('train.py', f'--out_dir={tmp_path / "bytes"}', '--sample=def ', '--sample_tokens=40', '--seed=7')
+    assert again.stdout == r.stdout and other.stdout != r.stdout  # the seed decides
+    assert 'resuming' not in r.stdout and not (tmp_path / 'bytes' / 'ckpt.pt.tmp').exists()
+    # GPT-2 tokens, at the end of a run and from its checkpoint
+    out = tmp_path / 'gpt2'
+    r = run('train.py', *REDUCED, f'--data_dir={wikitext103}', '--dataset=wikitext103', f'--out_dir={out}',
+            '--sample_tokens=12')
+    assert r.returncode == 0 and "sample (seed 1337, 12 tokens after ''):" in r.stdout, r.stderr
+    r = run('train.py', f'--out_dir={out}', '--sample=The query', '--sample_tokens=12')
+    assert r.returncode == 0, r.stderr
+    text = r.stdout.split("tokens after 'The query'):\n")[1]
+    import tiktoken
+    assert text.startswith('The query') and len(tiktoken.get_encoding('gpt2').encode(text)) >= 12
+
+
 REDUCED = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=2',
            '--gradient_accumulation_steps=2', '--max_iters=2', '--eval_interval=2', '--eval_iters=2',
            '--warmup_iters=1', '--compile=False', '--device=cpu']  # torch.compile: test_compile_works_on_cpu
@@ -1519,28 +1559,51 @@ EXERCISES = re.findall(r'```python\n(.*?)```', readme_section('Classroom exercis
 
 @pytest.fixture(scope='module')
 def classroom(corpus, tmp_path_factory):
-    """A folder laid out like the repository after the quick start: data/pydocs, and a coupled run in out/."""
+    """A folder laid out like the repository after the quick start: model.py, data/pydocs, a coupled run in out/."""
     d = tmp_path_factory.mktemp('classroom')
     os.makedirs(d / 'data')
     os.symlink(os.path.join(corpus, 'pydocs'), d / 'data' / 'pydocs')
-    assert train(corpus, d / 'out', '--attn=coupled', '--max_iters=20', '--eval_interval=20').returncode == 0
+    os.symlink(os.path.join(HERE, 'model.py'), d / 'model.py')  # a snippet saved in the repository root
+    assert train(corpus, d / 'out', '--attn=coupled', '--max_iters=20', '--eval_interval=20',
+                 '--block_size=128').returncode == 0  # the quick start's shape
     return d
 
 
-def test_every_exercise_states_its_cost_and_answer_and_four_need_no_training():
+def test_every_exercise_states_its_cost_asks_and_answers_and_four_need_no_training():
     section = readme_section('Classroom exercises')
     numbered = re.findall(r'\n\*\*(\d+)\. (.*?)\*\*(.*?)(?=\n\*\*\d+\. |\Z)', section, re.S)
-    assert len(numbered) >= 6 and [int(n) for n, _, _ in numbered] == list(range(1, len(numbered) + 1))
+    assert len(numbered) >= 5 and [int(n) for n, _, _ in numbered] == list(range(1, len(numbered) + 1))
     costs = [re.search(r'\((no training|one run|two runs|several runs)', title + body) for _, title, body in numbered]
     assert all(costs) and sum(c.group(1) == 'no training' for c in costs) >= 4
     assert all('Look for' in body and re.search(r'\d', body.split('Look for')[1]) for _, _, body in numbered)
-    assert '{' + 'EX' not in section  # no placeholder left where an answer belongs
-    assert len(EXERCISES) >= 5  # every exercise but the shell one (6) has a python snippet
+    assert all(re.search(r'<details><summary>Answer.*?</summary>\n\n.{100,}?</details>', body, re.S)
+               for _, _, body in numbered)  # a worked answer for every exercise
+    assert sum('*Predict first*' in body for _, _, body in numbered) >= 2
+    assert len(EXERCISES) == len(numbered)  # every exercise has a python snippet
+
+
+def test_readme_is_a_page_a_newcomer_reads_and_its_pictures_exist():
+    text = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
+    assert len(text.splitlines()) <= 420
+    assert '\u27e8' not in text and '{' + 'EX' not in text  # no placeholder left where a number belongs
+    pictures = re.findall(r'!\[[^]]*\]\((\.assets/[^)]+)\)', text)
+    assert len(pictures) >= 3 and all(os.path.exists(os.path.join(HERE, p)) for p in pictures), pictures
+    assert '../shared' not in text
 
 
 @pytest.mark.parametrize('i', range(len(EXERCISES)))
 def test_readme_exercise_runs_as_written(classroom, i):
-    r = subprocess.run([sys.executable, '-c', EXERCISES[i]], cwd=classroom, capture_output=True, text=True,
-                       timeout=300, env=dict(os.environ, PYTHONPATH=HERE, OMP_NUM_THREADS='1'))
+    run_it = lambda code: subprocess.run([sys.executable, '-c', code], cwd=classroom, capture_output=True, text=True,
+                                         timeout=300, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    r = run_it(EXERCISES[i])
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() and not re.search(r'\bnan\b', r.stdout.lower())
+    picture = re.search(r"savefig\('(\w+\.png)'", EXERCISES[i])
+    if picture:  # drawn where matplotlib is installed; otherwise one line says how to get it
+        try:
+            import matplotlib  # noqa: F401
+            assert (classroom / picture.group(1)).exists()
+        except ImportError:
+            pass
+        r = run_it("import sys; sys.modules['matplotlib'] = None\n" + EXERCISES[i])
+        assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == 'for the picture: pip install matplotlib'

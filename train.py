@@ -77,7 +77,7 @@ always_save_checkpoint = True  # save at every eval; False: only when val loss i
 init_from = 'scratch'   # 'scratch' (refuses an out_dir that holds a run) or 'resume' (from out_dir/ckpt.pt)
 time_budget = 0.0       # seconds of training after which the run stops (0: none); counts across resumes
 sample = ''             # a prompt: print a continuation from out_dir's checkpoint and exit (no training)
-sample_tokens = 300     # tokens sampled (temperature 0.8, top 200) by --sample and at the end of a run; 0: none
+sample_tokens = 200     # tokens sampled (temperature 0.8, top 200) by --sample and at the end of a run; 0: none
 # data
 dataset = 'pydocs'      # data/<dataset>/ made by prepare_data.py
 data_dir = 'data'
