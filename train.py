@@ -30,7 +30,7 @@ def on_ctrl_c(signum, frame):
     global interrupted
     if saving and not interrupted:
         interrupted = True
-        print0("\nCtrl-C: stopping once this checkpoint is written (Ctrl-C again: stop now)", flush=True)
+        say("Ctrl-C: stopping once this checkpoint is written (Ctrl-C again: stop now)")
         return
     stop(130, where_to_continue())
 
@@ -47,13 +47,21 @@ def where_to_continue():  # the line a stop prints: what happened, and how to go
             f"--init_from=resume --out_dir={g['out_dir']}")
 
 
+def say(line):  # print from the signal handler: it may interrupt a print() in progress, so no print() here
+    if globals().get('master', True):
+        try:
+            sys.stdout.flush()
+        except RuntimeError:  # "reentrant call": the interrupted print() holds the buffer
+            pass
+        os.write(sys.stdout.fileno(), f"\n{line}\n".encode())
+
+
 def stop(code, line):
-    print0(f"\n{line}", flush=True)
-    sys.stderr.flush()
+    say(line)
     os._exit(code)  # nothing half-written remains: saves are atomic, the log is appended a whole line at a time
 
 
-saving, interrupted, print0 = False, False, print
+saving, interrupted = False, False
 signal.signal(signal.SIGINT, on_ctrl_c)
 
 # the slow imports come after the Ctrl-C handler: importing torch takes seconds
@@ -520,7 +528,7 @@ def write_sample(prompt):
     from the 200 most likely tokens, through the KV cache; the seed is --seed."""
     if meta.get('tokenizer') == 'gpt2':
         import tiktoken
-        enc = tiktoken.get_encoding('gpt2')  # tiktoken downloads its BPE files on first use
+        enc = tiktoken.get_encoding('gpt2')
         ids = enc.encode(prompt) if prompt else [enc.eot_token]
     else:
         ids = list(prompt.encode('utf-8')) if prompt else [256]
@@ -537,11 +545,14 @@ tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_
 print0(f"{dataset}: {vocab_size} token vocabulary ({meta.get('tokenizer')}); {tokens_per_iter:,} tokens per "
        f"iteration; device {device}, {dtype}, {world_size} process(es)")
 if sample:
-    try:
-        write_sample(sample)
-    except Exception as e:  # only the tokenizer can fail here: tiktoken's files
-        die(f"cannot sample: the GPT-2 tokenizer did not load ({type(e).__name__}); offline, export "
-            "TIKTOKEN_CACHE_DIR=<a folder with tiktoken's cached files>")
+    if meta.get('tokenizer') == 'gpt2':
+        try:
+            import tiktoken
+            tiktoken.get_encoding('gpt2')  # tiktoken downloads its BPE files on first use
+        except Exception as e:
+            die(f"cannot sample: the GPT-2 tokenizer did not load ({type(e).__name__}); offline, export "
+                "TIKTOKEN_CACHE_DIR=<a folder with tiktoken's cached files>")
+    write_sample(sample)
     shutdown(0)
 if eval_only:
     full_eval()
@@ -605,8 +616,8 @@ while True:
         group['lr'] = lr
     out_of_time = time_budget > 0 and train_time >= time_budget
     if ddp and time_budget > 0:  # every rank must stop at the same iteration: rank 0's clock decides, at log steps
-        flag = torch.tensor(float(out_of_time), device=device)
         if iter_num % log_interval == 0:
+            flag = torch.tensor(float(out_of_time), device=device)
             torch.distributed.broadcast(flag, 0)
         out_of_time = iter_num % log_interval == 0 and bool(flag.item())
     last = iter_num >= max_iters or out_of_time
