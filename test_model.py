@@ -1281,12 +1281,14 @@ def test_ctrl_c_during_an_evaluation_or_a_sample(corpus, tmp_path, when):
 def test_two_trainers_never_share_an_out_dir(corpus, tmp_path):
     out = tmp_path / 'out'
     first = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={out}', *SMALL,
-                              '--max_iters=100000', '--time_budget=20', '--eval_interval=50', '--seed=1'], cwd=HERE,
+                              '--max_iters=100000', '--time_budget=12', '--eval_interval=50', '--seed=1'], cwd=HERE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, OMP_NUM_THREADS='1'))
     wait_for(out / 'metrics.jsonl')
-    for args in (['--seed=2'], ['--init_from=resume'], ['--attn=coupled', '--seed=3']):
-        r = train(corpus, out, *args)
+    with ThreadPoolExecutor(3) as pool:  # a second trainer, scratch or resume, while the first trains
+        refused = list(pool.map(lambda args: train(corpus, out, *args),
+                                (['--seed=2'], ['--init_from=resume'], ['--attn=coupled', '--seed=3'])))
+    for r in refused:
         assert one_line_error(r, 'is in use by a running train.py') and f'pid {first.pid}' in r.stderr, r.stderr
     assert first.poll() is None  # the refusals came while it trained
     out_, err = first.communicate(timeout=240)
