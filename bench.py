@@ -223,11 +223,13 @@ def plot_curves(rows, path):
     """Validation estimates against tokens, a line per row (mean over seeds, band: min to max), a panel per corpus."""
     try:
         import matplotlib
+        import matplotlib.ticker
         matplotlib.use('Agg')
         import matplotlib.pyplot as plt
     except ImportError:
         sys.exit("error: --plot needs matplotlib (pip install matplotlib); the table above needs nothing")
     corpora = sorted({c for c, _ in rows})
+    colors = {name: f"C{i % 10}" for i, name in enumerate(sorted({name for _, name in rows}))}  # one per variant
     fig, axes = plt.subplots(1, len(corpora), figsize=(4.2 * len(corpora), 3.6), squeeze=False)
     for ax, corpus in zip(axes[0], corpora):
         for (c, name), row in sorted(rows.items(), key=lambda kv: kv[0][1]):
@@ -236,12 +238,14 @@ def plot_curves(rows, path):
             per_seed = [{e['tokens']: e['val_loss'] for e in r['evals']} for r in row['runs']]
             t = [x for x, _ in curve(row)][1:]  # from the first eval after step 0
             ys = [[math.exp(p[x]) for p in per_seed] for x in t]
-            line, = ax.plot([x / 1e6 for x in t], [statistics.mean(y) for y in ys], label=name, lw=1.3,
-                            ls='--' if row['kind'].get('attn') == 'standard' else '-')
+            ax.plot([x / 1e6 for x in t], [statistics.mean(y) for y in ys], label=name, lw=1.3, color=colors[name],
+                    ls='--' if row['kind'].get('attn') == 'standard' else '-')
             ax.fill_between([x / 1e6 for x in t], [min(y) for y in ys], [max(y) for y in ys], alpha=0.15,
-                            color=line.get_color())
+                            color=colors[name])
         ax.set(xlabel='tokens (millions)', title=corpus, yscale='log')
-        ax.grid(alpha=0.3)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.grid(alpha=0.3, which='both')
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel('validation perplexity (estimate)')
     fig.tight_layout()
