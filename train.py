@@ -35,15 +35,20 @@ def on_ctrl_c(signum, frame):
     stop(130, where_to_continue())
 
 
-def where_to_continue():  # the line a stop prints: what happened, and how to go on
+def where_to_continue():  # the line a Ctrl-C prints: what happened, and how to go on
     g = globals()
     if g.get('eval_only') or g.get('sample'):
         return "interrupted; nothing was written"
     at = {'train': f"interrupted at iteration {g.get('iter_num')}", 'final': "interrupted during the final "
           "evaluation"}.get(g.get('phase'), "interrupted before training")
+    return f"{at}; {resume_hint()}"
+
+
+def resume_hint():  # every stop says where the last checkpoint is and how to continue from it
+    g = globals()
     if g.get('saved_iter') is None:
-        return f"{at}; no checkpoint yet"
-    return (f"{at}; the last checkpoint is at iteration {g['saved_iter']}. Continue with: python train.py "
+        return "no checkpoint yet"
+    return (f"the last checkpoint is at iteration {g['saved_iter']}: {g['ckpt_path']}. Continue with: python train.py "
             f"--init_from=resume --out_dir={g['out_dir']}")
 
 
@@ -124,8 +129,8 @@ defaults = {k: v for k, v in globals().items() if k not in _before and k != '_be
 CHOICES = dict(attn=attn_names(), pos=POS, preset=('',) + tuple(PRESETS), init_from=('scratch', 'resume'),
                dtype=('auto', 'float32', 'bfloat16', 'float16'))
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != 'vocab_size']
-LOCAL_KEYS = ('out_dir', 'init_from', 'eval_only', 'device', 'dtype', 'compile', 'sample', 'sample_tokens')  # not
-# taken from a checkpoint: they belong to this command, not to the run
+# settings of this command, not of the run: never taken from a checkpoint
+LOCAL_KEYS = ('out_dir', 'init_from', 'eval_only', 'device', 'dtype', 'compile', 'sample', 'sample_tokens')
 
 
 def shutdown(code):  # every exit goes through here
@@ -467,11 +472,9 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-def disk_full(what, e):  # a failed write: one line that says what is intact and how to go on
-    kept = (f"the last good checkpoint is intact: {ckpt_path} (iteration {saved_iter}); free some space and continue "
-            f"with: python train.py --init_from=resume --out_dir={out_dir}") if saved_iter is not None else \
-        "no checkpoint was written yet"
-    die(f"cannot write {what} ({getattr(e, 'strerror', None) or str(e).splitlines()[0][:120]}); {kept}", code=1)
+def disk_full(what, e):  # a failed write (a full disk): one line, nothing else touched
+    die(f"cannot write {what} ({getattr(e, 'strerror', None) or str(e).splitlines()[0][:120]}); nothing else was "
+        f"touched, free some space: {resume_hint()}", code=1)
 
 
 def save_checkpoint():
@@ -580,11 +583,8 @@ log(dict(event='start', iter=iter_num, config=config, params=raw_model.get_num_p
 
 
 def not_finite(at, value):
-    kept = (f"resume from the last good checkpoint (iteration {saved_iter}) with --init_from=resume"
-            if saved_iter is not None else "no checkpoint was written")
-    print(f"error: the loss is not finite at iteration {at} (here: {value}); the run stopped. Lower --learning_rate "
-          f"or use --dtype=float32; {kept}", file=sys.stderr)
-    shutdown(3)
+    die(f"the loss is not finite at iteration {at} (here: {value}); the run stopped before saving. Lower "
+        f"--learning_rate or use --dtype=float32; {resume_hint()}", code=3)
 
 
 def check_losses():
