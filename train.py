@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import fields
 
 
@@ -54,10 +54,8 @@ def resume_hint():  # every stop says where the last checkpoint is and how to co
 
 def say(line):  # print from the signal handler: it may interrupt a print() in progress, so no print() here
     if globals().get('master', True):
-        try:
+        with suppress(RuntimeError):  # "reentrant call": the interrupted print() holds the buffer
             sys.stdout.flush()
-        except RuntimeError:  # "reentrant call": the interrupted print() holds the buffer
-            pass
         os.write(sys.stdout.fileno(), f"\n{line}\n".encode())
 
 
@@ -237,9 +235,11 @@ if writes and int(os.environ.get('RANK', 0)) == 0:
         die(f"cannot write to --out_dir={out_dir} ({e.strerror or e}); choose a writable folder")
     try:
         import fcntl
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except ImportError:
-        pass
+    except ImportError:  # Windows
+        fcntl = None
+    try:
+        if fcntl:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         lock.seek(0)
         die(f"{out_dir}/ is in use by a running train.py ({lock.read().strip() or 'another process'}); wait for it "
