@@ -28,28 +28,13 @@ from contextlib import nullcontext
 
 import torch
 
-from model import PRESETS, GPT, GPTConfig, attn_names, flops_per_token
+from model import GPU_PEAK_FLOPS, PRESETS, GPT, GPTConfig, attn_names, flops_per_token, median_layer
 
 MODES = ('train', 'forward', 'generate')
 
 
 def flop_ratio(cfg, T):  # the FLOP model's cost of cfg's variant over standard attention of the same shape
     return flops_per_token(cfg, T) / flops_per_token(GPTConfig(**{**cfg.__dict__, 'attn': 'standard'}), T)
-
-
-def median_layer(stats, key):  # model.qk_diagnostics' one summary: the median over layers (mean of the middle two)
-    return statistics.median(s[key] for s in stats)
-
-
-# dense bf16 peak FLOP/s (NVIDIA datasheets, without sparsity), for MFU; first match of the device name wins
-GPU_PEAK_FLOPS = [('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('A100', 312e12), ('L40S', 362e12),
-                  ('L4', 121e12), ('A10', 125e12)]
-
-
-def peak_flops(device):  # of a CUDA device, for MFU; None elsewhere, or for a GPU not in the list
-    if not str(device).startswith('cuda'):
-        return None
-    return next((peak for key, peak in GPU_PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None)
 
 
 # -----------------------------------------------------------------------------------------------------------

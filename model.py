@@ -6,6 +6,7 @@ In order: config; the q/k transforms and their table; attention, block, GPT; KV 
 """
 
 import math
+import statistics
 from dataclasses import dataclass
 from collections import namedtuple
 
@@ -431,10 +432,13 @@ class KVCache:
 def qk_diagnostics(model, idx):
     """How much, and how nonlinearly, each layer's q/k map moves real tokens idx (B, T). Per layer (and head):
     dq = |q' - q| / |q|, dk = |k' - k| / |k|, nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)| (least
-    squares per head, over all tokens): ~0 for a linear map (dt = 0, SiLU's straight range), which W_q, W_k absorb."""
-    seen, training = [], model.training  # seen: (q, k, q', k') of every q/k map, in layer order
-    hooks = [blk.attn.qk.register_forward_hook(lambda mod, inp, out: seen.append((*inp[:2], *out)))
+    squares per head, over all tokens): ~0 for a linear map (dt = 0, SiLU's straight range), which W_q, W_k absorb;
+    and the step sizes dt where the map has them."""
+    seen, training = [], model.training  # seen: (module, q, k, q', k') of every q/k map, in layer order
+    hooks = [blk.attn.qk.register_forward_hook(lambda mod, inp, out: seen.append((mod, *inp[:2], *out)))
              for blk in model.transformer.h if blk.attn.qk is not None]
+    if not hooks:
+        return []
     try:
         model.eval()(idx)
     finally:
@@ -442,7 +446,7 @@ def qk_diagnostics(model, idx):
             h.remove()
         model.train(training)
     stats, rel = [], lambda a, b: ((a - b).norm() / b.norm()).item()
-    for q, k, q1, k1 in seen:  # (B, nh, T, hs) -> per head (nh, N, 2 hs), in float64
+    for mod, q, k, q1, k1 in seen:  # (B, nh, T, hs) -> per head (nh, N, 2 hs), in float64
         x, y = (torch.cat(p, -1).double().transpose(0, 1).flatten(1, 2) for p in ((q, k), (q1, k1)))
         x1 = torch.cat((x, torch.ones_like(x[..., :1])), -1)           # affine: [q, k, 1]
         resid = y - x1 @ torch.linalg.lstsq(x1, y).solution            # (nh, N, 2 hs)
@@ -450,7 +454,13 @@ def qk_diagnostics(model, idx):
         stats.append(dict(dq=rel(y[..., :hs], x[..., :hs]), dk=rel(y[..., hs:], x[..., hs:]),
                           nonlinear=(resid.norm() / x.norm()).item(),
                           nonlinear_heads=(resid.norm(dim=(1, 2)) / x.norm(dim=(1, 2))).tolist()))
+        if hasattr(mod, 'dt'):
+            stats[-1]['dt'] = mod.dt.tolist()
     return stats
+
+
+def median_layer(stats, key):  # qk_diagnostics' one-number summary: the median over layers (mean of the middle two)
+    return statistics.median(s[key] for s in stats)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -468,3 +478,13 @@ def flops_per_token(config, T):
         qk = L * nh * spec.flops(hs, spec.hidden(config.qk_hidden), config.qk_steps)
     return 3 * (matmul + attend + qk)
 
+
+# dense bf16 peak FLOP/s (NVIDIA datasheets, without sparsity), for MFU; the first match of the device name wins
+GPU_PEAK_FLOPS = [('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('A100', 312e12), ('L40S', 362e12),
+                  ('L4', 121e12), ('A10', 125e12)]
+
+
+def peak_flops(device):  # of a CUDA device, for MFU; None elsewhere, or for a GPU not in the list
+    if not str(device).startswith('cuda'):
+        return None
+    return next((peak for key, peak in GPU_PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None)

@@ -58,17 +58,20 @@ class DataError(Exception):
 # tokenizers: text -> uint16 token arrays, each document followed by end-of-text
 
 def get_tokenizer(name):
-    if name == 'bytes':  # 256 byte values + end-of-text
+    """encode: [text] -> [uint16 array]; decode: token ids -> text (end-of-text shown as <|endoftext|>)."""
+    if name == 'bytes':  # 256 byte values + end-of-text 256
         return dict(name='bytes', vocab_size=257, eot=256,
-                    encode=lambda texts: [np.frombuffer(t.encode('utf-8'), dtype=np.uint8).astype(np.uint16)
-                                          for t in texts])
+                    encode=lambda texts: [np.frombuffer(t.encode('utf-8', 'surrogateescape'), dtype=np.uint8)
+                                          .astype(np.uint16) for t in texts],
+                    decode=lambda ids: b''.join(b'\n<|endoftext|>\n' if t == 256 else bytes([t]) for t in ids)
+                    .decode('utf-8', 'replace'))
     import tiktoken
     try:
         enc = tiktoken.get_encoding('gpt2')
     except Exception as e:  # tiktoken downloads its BPE files on first use
         raise DataError(f"tiktoken could not load the GPT-2 BPE files ({type(e).__name__}); offline, export "
                         "TIKTOKEN_CACHE_DIR=<dir with the cached files> or use --tokenizer=bytes")
-    return dict(name='gpt2', vocab_size=enc.n_vocab, eot=enc.eot_token,
+    return dict(name='gpt2', vocab_size=enc.n_vocab, eot=enc.eot_token, decode=enc.decode,
                 encode=lambda texts: [np.array(t, dtype=np.uint16) for t in enc.encode_ordinary_batch(texts)])
 
 
@@ -355,15 +358,91 @@ def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1
     print(f"preparing {name} from {source} with the {tokenizer} tokenizer")
     made = [d for d in (data_dir, out) if not os.path.isdir(d)]  # folders this run creates
     os.makedirs(out, exist_ok=True)
+    lock = None
     try:
+        lock = lock_folder(out, True, f"{out}/ is being read by a running train.py (or prepared by another "
+                                      "prepare_data.py); stop it first, or prepare under another --name")
         meta = write_dataset(out, corpus, input, name, source, tok, val_fraction)
     except BaseException:
         for d in reversed(made):  # leave nothing behind
             if os.path.isdir(d) and not os.listdir(d):
                 os.rmdir(d)
         raise
+    finally:
+        if lock is not None:
+            os.close(lock)
     print(f"wrote {out}/: " + ', '.join(f"{s}.bin" for s in meta['tokens']) + ", meta.json")
     return meta
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the loader: what train.py reads, checked in full against meta.json before any training
+
+def lock_folder(path, exclusive, refusal):
+    """flock on the dataset's folder: trainers share it, a preparation holds it alone, so a corpus is never rewritten
+    under a running trainer. Returns the file descriptor that holds the lock (closing it, or the process ending,
+    releases it); raises DataError(refusal) if another process holds it. (fcntl: Linux, macOS; not on Windows.)"""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise DataError(refusal) from None
+    return fd
+
+
+def load(data_dir, name, block_size):
+    """data/<name>/ as prepare() wrote it: (meta, {split: path of its .bin}), every field and file checked, the
+    folder locked against re-preparation while this process runs. Raises DataError, one line saying what to do."""
+    path = os.path.join(data_dir, name)
+    again = f"run python prepare_data.py {name if name in CORPORA else '--input=PATH --name=' + name} --force"
+    if not os.path.isfile(os.path.join(path, 'meta.json')):
+        raise DataError(f"{path}/meta.json not found; prepare the corpus first: python prepare_data.py "
+                        f"{name if name in CORPORA else '--input=PATH --name=' + name}")
+    lock_folder(path, False, f"{path}/ is being prepared right now; wait for prepare_data.py to finish")
+    try:
+        meta = json.load(open(os.path.join(path, 'meta.json')))
+        tokens, n_bytes, vocab = meta['tokens'], meta.get('bytes') or {}, meta['vocab_size']
+        ok = (isinstance(tokens, dict) and {'train', 'val'} <= set(tokens) <= {'train', 'val', 'test'}
+              and all(type(n) is int and n >= 0 for n in tokens.values()) and isinstance(n_bytes, dict)
+              and all(type(n) is int for n in n_bytes.values()) and type(vocab) is int and 2 <= vocab <= 65536
+              and meta.get('dtype') == 'uint16' and meta.get('tokenizer') in ('bytes', 'gpt2'))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        ok = False
+    if not ok:
+        raise DataError(f"{path}/meta.json is corrupt (it needs train and val token counts, uint16 tokens, a "
+                        f"vocab_size of at most 65536); {again}")
+    meta['bytes'] = n_bytes
+    splits = {}
+    for split, n in tokens.items():
+        fn = os.path.join(path, f'{split}.bin')
+        if not os.path.isfile(fn):
+            raise DataError(f"{fn} is missing or not a file; {again}")
+        if os.path.getsize(fn) != 2 * n:
+            raise DataError(f"{fn} has {os.path.getsize(fn):,} bytes, not the {n:,} uint16 tokens meta.json lists; "
+                            f"it is truncated or corrupt: {again}")
+        if n < block_size + 2:
+            raise DataError(f"{fn} has only {n} tokens, fewer than block_size+2 = {block_size + 2}; lower --block_size")
+        if np.memmap(fn, dtype=np.uint16, mode='r').max() >= vocab:
+            raise DataError(f"{fn} holds token ids >= vocab_size {vocab}; it does not match meta.json: {again}")
+        splits[split] = fn
+    return meta, splits
+
+
+def windows(path, block_size, rank=0, world_size=1, n=64):
+    """Every token of a split once, for full-split evaluation: non-overlapping windows of block_size inputs and their
+    next tokens, the last window shorter (so each token's context runs from its window's start). Yields (x, y)
+    int64 arrays of up to n windows; under DDP each rank takes every world_size-th window."""
+    data = np.fromfile(path, dtype=np.uint16).astype(np.int64)
+    starts = list(range(0, len(data) - 1, block_size))[rank::world_size]
+    full, last = [i for i in starts if i + block_size < len(data)], [i for i in starts if i + block_size >= len(data)]
+    for group in [full[b:b + n] for b in range(0, len(full), n)] + [last] * bool(last):
+        size = min(block_size, len(data) - 1 - group[0])
+        yield np.stack([data[i:i + size] for i in group]), np.stack([data[i + 1:i + 1 + size] for i in group])
 
 
 class Parser(argparse.ArgumentParser):

@@ -1145,8 +1145,8 @@ def test_a_nan_between_checkpoints_stops_the_run_and_the_last_good_checkpoint_re
 
 
 def test_mfu_is_in_the_log_line_where_the_peak_is_known(corpus, tmp_path):
-    # on CUDA the peak comes from bench.GPU_PEAK_FLOPS by the device's name; here a mocked peak stands in for it
-    r = patched_train(corpus, tmp_path, "import bench\nbench.peak_flops = lambda device: 1e12", '--max_iters=4',
+    # on CUDA the peak comes from model.GPU_PEAK_FLOPS by the device's name; here a mocked peak stands in for it
+    r = patched_train(corpus, tmp_path, "import model\nmodel.peak_flops = lambda device: 1e12", '--max_iters=4',
                       '--log_interval=2')
     assert r.returncode == 0, r.stderr
     assert re.search(r'iter 4/4 \| .* \| mfu \d+\.\d%', r.stdout), r.stdout
