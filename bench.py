@@ -20,15 +20,25 @@ import glob
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import time
 from contextlib import nullcontext
 
-import torch
 
-from model import PRESETS, GPT, GPTConfig, attn_names, flops_per_token
+def on_ctrl_c(signum, frame):  # one line, exit code 130; installed before torch's import, which takes seconds
+    os.write(2, b"\ninterrupted\n")
+    os._exit(130)
+
+
+if __name__ == '__main__':  # not when imported: the importer's handler stays
+    signal.signal(signal.SIGINT, on_ctrl_c)
+
+import torch  # noqa: E402
+
+from model import PRESETS, GPT, GPTConfig, attn_names, flops_per_token  # noqa: E402
 
 MODES = ('train', 'forward', 'generate')
 

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import sys
 import sysconfig
 import time
@@ -26,7 +27,16 @@ import urllib.error
 import urllib.request
 import zipfile
 
-import numpy as np
+
+def on_ctrl_c(signum, frame):  # one line and exit code 130 during the imports; at work, KeyboardInterrupt cleans up
+    os.write(2, b"\ninterrupted: nothing was written\n")
+    os._exit(130)
+
+
+if __name__ == '__main__':  # not when imported
+    signal.signal(signal.SIGINT, on_ctrl_c)
+
+import numpy as np  # noqa: E402
 
 # name -> where it comes from, its splits, and its default tokenizer (the paper's corpora default to gpt2)
 CORPORA = {
@@ -382,6 +392,7 @@ if __name__ == '__main__':
     p.add_argument('--data_dir', default='data')
     p.add_argument('--force', action='store_true', help='redo a finished preparation')
     args = p.parse_args()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here a Ctrl-C removes what was begun
     try:
         prepare(args.corpus, args.input, args.name, args.tokenizer, args.val_fraction, args.data_dir, args.force)
     except DataError as e:
@@ -390,4 +401,5 @@ if __name__ == '__main__':
         sys.exit(f"error: cannot write {e.filename or args.data_dir} ({e.strerror or e}); nothing partial was kept: "
                  "free some space or choose another --data_dir")
     except KeyboardInterrupt:
-        sys.exit("interrupted: no partial output was kept; run the same command again")
+        print("interrupted: no partial output was kept; run the same command again", file=sys.stderr)
+        sys.exit(130)

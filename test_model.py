@@ -663,6 +663,22 @@ def test_prepare_failure_leaves_no_partial_output(tmp_path, monkeypatch):
     assert r.returncode != 0 and not (tmp_path / 'data' / 'missing').exists()
 
 
+@pytest.mark.skipif(not hasattr(os, 'mkfifo'), reason='needs a named pipe')
+def test_prepare_ctrl_c_at_work_removes_what_it_began(tmp_path):
+    src = tmp_path / 'docs'
+    src.mkdir()
+    os.mkfifo(src / 'a.txt')  # reading it waits for a writer that never comes: the run is at work when stopped
+    p = subprocess.Popen([sys.executable, 'prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}'],
+                         cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(tmp_path / 'data' / 'docs', timeout=30)
+    time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and 'Traceback' not in err, err
+    assert err.strip() == 'interrupted: no partial output was kept; run the same command again'
+    assert not (tmp_path / 'data').exists()  # the folders it made are gone
+
+
 def test_prepare_removes_what_a_killed_run_left(tmp_path):
     src = tmp_path / 'play.txt'
     src.write_text(TEXT)
@@ -1192,6 +1208,21 @@ def test_ctrl_c_during_start_up_stops_with_one_line(corpus, tmp_path, moment):
     p.send_signal(signal.SIGINT)
     last, err = stopped_cleanly(p)
     assert last.startswith('interrupted') and err.strip() == ''
+
+
+@pytest.mark.parametrize('script, module', [('bench.py', 'torch'), ('prepare_data.py', 'numpy')])
+def test_ctrl_c_during_the_imports_of_bench_and_prepare_data(tmp_path, script, module):
+    # a stand-in for the slow import (torch: seconds) that says when it has begun, so the signal lands inside it
+    (tmp_path / module).mkdir()
+    (tmp_path / module / '__init__.py').write_text(f"import time\nopen({str(tmp_path / 'began')!r}, 'w').close()\n"
+                                                   "time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, script, f'--report={tmp_path}' if script == 'bench.py' else '--help'],
+                         cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    wait_for(tmp_path / 'began', timeout=30)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and out == '' and err.strip() in ('interrupted', 'interrupted: nothing was written')
 
 
 def test_ctrl_c_stops_a_trainer_that_inherited_sigint_ignored(corpus, tmp_path):
