@@ -12,29 +12,30 @@ Turn a corpus into token files for train.py: data/<name>/{train,val[,test]}.bin 
 Each document is followed by an end-of-text token: <|endoftext|> (50256) for gpt2, 256 for bytes.
 Outputs appear atomically (temp file, then rename), meta.json last; finished work is not redone without --force.
 """
-import argparse
-import ast
-import gzip
-import hashlib
-import json
 import os
-import random
 import signal
-import sys
-import sysconfig
-import time
-import urllib.error
-import urllib.request
-import zipfile
 
 
-def on_ctrl_c(signum, frame):  # one line and exit code 130 during the imports; at work, KeyboardInterrupt cleans up
+def on_ctrl_c(signum, frame):  # Ctrl-C during the imports: one line, exit code 130 (at work: KeyboardInterrupt)
     os.write(2, b"\ninterrupted: nothing was written\n")
     os._exit(130)
 
 
-if __name__ == '__main__':  # not when imported
+if __name__ == '__main__':  # from here on (urllib and numpy take a while to import); not when imported
     signal.signal(signal.SIGINT, on_ctrl_c)
+
+import argparse  # noqa: E402
+import ast  # noqa: E402
+import gzip  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+import sysconfig  # noqa: E402
+import time  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.request  # noqa: E402
+import zipfile  # noqa: E402
 
 import numpy as np  # noqa: E402
 
