@@ -16,19 +16,29 @@ the paper's 60M WikiText-103 ablation as one-GPU commands; --gpu_check is the pr
 import argparse
 import ctypes
 import ctypes.util
-import glob
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import time
 from contextlib import nullcontext
+from itertools import groupby
 
-import torch
 
-from model import GPU_PEAK_FLOPS, PRESETS, GPT, GPTConfig, attn_names, flops_per_token, median_layer
+def on_ctrl_c(signum, frame):  # one line, exit code 130; installed before torch's import, which takes seconds
+    os.write(2, b"\ninterrupted\n")
+    os._exit(130)
+
+
+if __name__ == '__main__':  # not when imported: the importer's handler stays
+    signal.signal(signal.SIGINT, on_ctrl_c)
+
+import torch  # noqa: E402
+
+from model import GPU_PEAK_FLOPS, PRESETS, GPT, GPTConfig, attn_names, flops_per_token, median_layer  # noqa: E402
 
 MODES = ('train', 'forward', 'generate')
 
@@ -46,54 +56,94 @@ NOT_COMPARED = {'seed', 'out_dir', 'data_dir', 'init_from', 'eval_only', 'device
                 'sample_tokens'}
 
 
+def well_typed(r):  # the fields the report reads have the types it reads them as
+    num = lambda x: type(x) in (int, float)  # not a bool
+    qk = r.get('qk', [])
+    return (isinstance(r.get('event'), str) and isinstance(r.get('config', {}), dict) and isinstance(qk, list)
+            and all(num(r.get(k, 0)) for k in ('iter', 'tokens', 'val_loss', 'val_ppl', 'ms'))
+            and all(isinstance(s, dict) and num(s.get('nonlinear')) and isinstance(s.get('dt', []), list)
+                    and all(map(num, s.get('dt', []))) for s in qk))
+
+
 def read_log(path):
-    """The records of a metrics.jsonl; a cut line (a run killed while writing) or a line that is not a record is
-    skipped with a warning."""
+    """The records of a metrics.jsonl; a cut line (a run killed while writing), or a line that is not a record of
+    the right types, is skipped with a warning."""
     records = []
     for i, line in enumerate(open(path, encoding='utf-8', errors='replace'), 1):
         try:
             r = json.loads(line)
         except ValueError:
             r = None
-        if not isinstance(r, dict) or not isinstance(r.get('event'), str):
-            print(f"warning: {path}:{i} is not a log record (a run killed while writing?); skipped", file=sys.stderr)
+        if not isinstance(r, dict) or not well_typed(r):
+            print(f"warning: {path}:{i} is not a log record (cut short? wrong types?); skipped", file=sys.stderr)
             continue
         records.append(r)
     return records
 
 
+def find_logs(folders):  # each folder once, by its real path: overlapping folders, symlink loops
+    seen, logs = set(), []
+    for top in folders:
+        for d, subdirs, files in os.walk(top, followlinks=True):
+            if os.path.realpath(d) in seen:
+                subdirs.clear()
+                continue
+            seen.add(os.path.realpath(d))
+            if 'metrics.jsonl' in files + subdirs:
+                logs.append(os.path.join(d, 'metrics.jsonl'))
+    return sorted(logs)
+
+
+def standing(log):
+    """The records up to the last final; a start at iteration N (a resume) voids those past N (lost work)."""
+    kept = []
+    for r in log:
+        if r['event'] == 'start':
+            kept = [k for k in kept if k.get('iter', 0) <= r.get('iter', math.inf)]
+        kept.append(r)
+    return kept[:max((i + 1 for i, r in enumerate(kept) if r['event'] == 'final'), default=0)]
+
+
 def load_runs(folders):
     """Every finished train.py run in or under the given folders. A run is labeled by its folder's name without a
-    '-s<seed>' suffix and an 'out-' prefix (out-coupled-s2: coupled), 'out' by its attn."""
+    '-s<seed>' suffix and an 'out-' prefix (out-coupled-s2: coupled), 'out' by its attn, and by what a resume
+    changed: coupled [resumed: max_iters 500->1000]."""
     runs = []
-    paths = sorted({p for f in folders for p in glob.glob(os.path.join(f, '**', 'metrics.jsonl'), recursive=True)})
-    for path in paths:
-        log = read_log(path)
-        start = [r for r in log if r['event'] == 'start' and isinstance(r.get('config'), dict)]
-        final = [r for r in log if r['event'] == 'final']
-        if not start or not final:
-            print(f"note: {path} is not a finished run; left out", file=sys.stderr)
+    for path in find_logs(folders):
+        try:
+            log = standing(read_log(path))
+        except OSError as e:  # a folder of that name
+            print(f"note: {path}: {e.strerror or e}; left out", file=sys.stderr)
             continue
-        if not all(isinstance(final[-1].get(k), (int, float)) for k in ('val_ppl', 'val_loss', 'tokens')):
-            print(f"note: {path}'s final record lacks val_ppl, val_loss or tokens; left out", file=sys.stderr)
+        start = [r for r in log if r['event'] == 'start' and 'config' in r]
+        final = log[-1] if start else {}
+        if not ('val_loss' in final and min(final.get('tokens', 0), final.get('val_ppl', 0)) > 0):
+            print(f"note: {path} is not a finished run (no final val_ppl, val_loss, tokens > 0); left out",
+                  file=sys.stderr)
             continue
         cfg, name = start[-1]['config'], os.path.basename(os.path.dirname(os.path.abspath(path)))
         label, _, seed = name.rpartition('-s')
         label = label if label and seed.isdigit() else name
         label = label.removeprefix('out-').removeprefix('out_')
-        label = cfg.get('attn', '?') if label in ('out', '') else label
-        evals = [r for r in log if r['event'] == 'eval' and isinstance(r.get('val_loss'), (int, float))]
-        ms = [r['ms'] for r in log if r['event'] == 'train' and isinstance(r.get('ms'), (int, float))]
-        kind = {k: v for k, v in cfg.items() if k not in NOT_COMPARED} | {'tokens': final[-1]['tokens']}
-        runs.append(dict(path=path, label=label, corpus=cfg.get('dataset', '?'), config=cfg, kind=kind,
-                         final=final[-1], evals=evals, ms=ms))
+        label = str(cfg.get('attn', '?')) if label in ('out', '') else label
+        # what each start trained with: a setting changed at a resume (a schedule that jumped) is no straight run's
+        sets = [{k: v for k, v in s['config'].items() if k not in NOT_COMPARED} | {'world_size': s.get('world_size')}
+                for s in start]
+        changed = ', '.join(f"{k} " + '->'.join(v for v, _ in groupby(str(s.get(k)) for s in sets))
+                            for k in sorted(set().union(*sets)) if any(s.get(k) != sets[0].get(k) for s in sets))
+        if changed:
+            label += f" [resumed: {changed}]"
+            print(f"note: {path}: resumed with other settings; a row of its own", file=sys.stderr)
+        evals = [r for r in log if r['event'] == 'eval' and 'val_loss' in r and 'tokens' in r]
+        ms = [r['ms'] for r in log if r['event'] == 'train' and 'ms' in r]
+        runs.append(dict(path=path, label=label, corpus=str(cfg.get('dataset', '?')), config=cfg, final=final,
+                         kind=sets[-1] | {'tokens': final['tokens']}, evals=evals, ms=ms))
     return runs
 
 
 def group_runs(runs):
-    """Rows: runs of one corpus and label that agree in everything that makes them comparable (model, attention
-    settings, training settings, tokens trained). A label whose runs differ becomes several rows, each named by the
-    settings that differ, with a note."""
+    """Rows: runs of one corpus and label that agree in everything that makes them comparable (model, attention,
+    training, tokens trained). A label whose runs differ becomes rows named by what differs, with a note."""
     rows, notes = {}, []
     by_label = {}
     for r in runs:
@@ -122,7 +172,7 @@ def same_shape(a, b):
 
 def curve(row):
     """Mean over seeds of the row's validation estimates: [(tokens, loss)] at the evals every seed logged."""
-    per_seed = [{e['tokens']: e['val_loss'] for e in r['evals'] if 'tokens' in e} for r in row['runs']]
+    per_seed = [{e['tokens']: e['val_loss'] for e in r['evals']} for r in row['runs']]
     common = sorted(set.intersection(*(set(p) for p in per_seed))) if per_seed else []
     return [(t, statistics.mean(p[t] for p in per_seed)) for t in common]
 
@@ -136,10 +186,9 @@ def tokens_to_reach(points, target):
 
 
 def token_ratio(row, rows, corpus):
-    """Tokens standard attention needs to reach this row's final validation estimate, over this row's tokens: the
-    paper's "2.4x". Read off one curve: that of the standard-attention row of the same corpus and shape, scoring
-    the same batches, that trained longest (e.g. standard-2.4x); mean over seeds, linearly interpolated between
-    evals, '> N' when it never gets there. Returns (ratio, the reference row)."""
+    """Tokens standard attention needs to reach this row's final validation estimate, over this row's tokens (the
+    paper's "2.4x"), read off the longest standard row of the same corpus, shape and eval batches (standard-2.4x):
+    mean over seeds, interpolated between evals, '> N' if never. Returns (ratio, the reference row)."""
     ref = [r for (c, _), r in rows.items() if c == corpus and r['kind'].get('attn') == 'standard'
            and same_shape(r['kind'], row['kind']) and same_batches(r, row) and curve(r)]
     last = [r['evals'][-1]['val_loss'] for r in row['runs'] if r['evals']]
@@ -162,14 +211,24 @@ def report(folders, plot):
     if not runs:
         sys.exit(f"error: no finished train.py runs in {', '.join(folders)}; name run folders (--out_dir of train.py)")
     rows, notes = group_runs(runs)
-    ppl = {k: [r['final']['val_ppl'] for r in row['runs']] for k, row in rows.items()}
+    if plot:  # first: a path it cannot write to stops the report before any output
+        plot_curves(rows, plot)
+    ppl = {}  # a row's final perplexities, one per seed: runs that repeat a seed count once (their mean)
+    for (corpus, name), row in rows.items():
+        seeds = {}
+        for r in row['runs']:
+            seeds.setdefault(str(r['config'].get('seed')), []).append(r['final']['val_ppl'])
+        ppl[(corpus, name)] = [statistics.mean(p) for p in seeds.values()]
+        notes += [f"note: {corpus}/{name}: {len(p)} runs share seed {s}" for s, p in seeds.items() if len(p) > 1]
     print("| corpus | variant | seeds | val ppl (full split, mean +- std) | vs standard | standard tokens to match "
           "| nonlinear | dt | tokens | ms/iter |\n|---|---|---|---|---|---|---|---|---|---|")
     used = {}
     for corpus, name in sorted(rows, key=lambda k: (k[0], rows[k]['label'] != 'standard', statistics.mean(ppl[k]))):
         row = rows[(corpus, name)]
         p, tokens = ppl[(corpus, name)], row['kind']['tokens']
-        spread = f"{statistics.mean(p):.3f} +- {statistics.stdev(p):.3f}" if len(p) > 1 else f"{p[0]:.3f}"
+        spread = f"{statistics.mean(p):.3f}"
+        if len(p) > 1 and all(map(math.isfinite, p)):  # no spread with a diverged seed's inf
+            spread += f" +- {statistics.stdev(p):.3f}"
         base = [k for k, b in rows.items() if k[0] == corpus and b['label'] == 'standard'
                 and same_shape(b['kind'], row['kind'])]
         base = sorted(base, key=lambda k: rows[k]['kind']['tokens'] != tokens)[:1]  # same tokens first
@@ -183,14 +242,14 @@ def report(folders, plot):
             used.setdefault(corpus, set()).add(id(ref))
         qk = [r['evals'][-1].get('qk') for r in row['runs'] if r['evals']]
         nonlin = [median_layer(q, 'nonlinear') for q in qk if q]
-        dts = [statistics.mean(d for s in q for d in s.get('dt', [])) for q in qk if q and 'dt' in q[0]]
+        dts = [statistics.mean(d for s in q for d in s.get('dt', [])) for q in qk if q and q[0].get('dt')]
         ms = [m for r in row['runs'] for m in r['ms'][1:] or r['ms']]
         print(f"| {corpus} | {name} | {len(p)} | {spread} | {rel} | {ratio} | "
               f"{f'{100 * statistics.mean(nonlin):.2f}%' if nonlin else '-'} | "
               f"{f'{statistics.mean(dts):.3f}' if dts else '-'} | {tokens:,} | "
               f"{f'{statistics.median(ms):.0f}' if ms else '-'} |")
     for corpus in sorted(used):
-        refs = [f"{name} ({len(r['runs'])} seed{'s' * (len(r['runs']) > 1)}, {len(curve(r))} evals to "
+        refs = [f"{name} ({len(ppl[c, name])} seed{'s' * (len(ppl[c, name]) > 1)}, {len(curve(r))} evals to "
                 f"{curve(r)[-1][0]:,} tokens)"
                 for (c, name), r in rows.items() if id(r) in used[corpus]]
         n = next(r for (c, _), r in rows.items() if id(r) in used[corpus])['runs'][0]['config'].get('eval_iters')
@@ -200,8 +259,6 @@ def report(folders, plot):
               f"long (its learning rate has not decayed yet): standard's own row calibrates the reading")
     for note in notes:
         print(note, file=sys.stderr)
-    if plot:
-        plot_curves(rows, plot)
 
 
 def plot_curves(rows, path):
@@ -212,7 +269,7 @@ def plot_curves(rows, path):
         matplotlib.use('Agg')
         import matplotlib.pyplot as plt
     except ImportError:
-        sys.exit("error: --plot needs matplotlib (pip install matplotlib); the table above needs nothing")
+        sys.exit("error: --plot needs matplotlib (pip install matplotlib); without --plot, the table needs nothing")
     corpora = sorted({c for c, _ in rows})
     colors = {name: f"C{i % 10}" for i, name in enumerate(sorted({name for _, name in rows}))}  # one per variant
     fig, axes = plt.subplots(1, len(corpora), figsize=(4.2 * len(corpora), 3.6), squeeze=False)
@@ -222,7 +279,7 @@ def plot_curves(rows, path):
                 continue
             per_seed = [{e['tokens']: e['val_loss'] for e in r['evals']} for r in row['runs']]
             t = [x for x, _ in curve(row)][1:]  # from the first eval after step 0
-            ys = [[math.exp(p[x]) for p in per_seed] for x in t]
+            ys = [[math.exp(min(p[x], 700)) for p in per_seed] for x in t]  # a diverged run: off the chart
             ax.plot([x / 1e6 for x in t], [statistics.mean(y) for y in ys], label=name, lw=1.3, color=colors[name],
                     ls='--' if row['kind'].get('attn') == 'standard' else '-')
             ax.fill_between([x / 1e6 for x in t], [min(y) for y in ys], [max(y) for y in ys], alpha=0.15,
@@ -234,7 +291,10 @@ def plot_curves(rows, path):
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel('validation perplexity (estimate)')
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    try:
+        fig.savefig(path, dpi=100)
+    except (OSError, ValueError, RuntimeError) as e:  # no such folder, a format matplotlib lacks, .pgf without LaTeX
+        sys.exit(f"error: cannot write --plot={path} ({(str(e) or type(e).__name__).splitlines()[0]})")
     print(f"wrote {path}", file=sys.stderr)
 
 
@@ -275,12 +335,9 @@ def plan():
 # timing
 
 def keep_freed_memory():
-    """
-    glibc hands freed blocks above a threshold back to the OS, so every training step of a GPT-2-vocabulary model
-    page-faults its 200 MB logits back in: on our 2-core VM that is +10% time and +-5% noise, landing on whichever
-    variant happens to allocate next. Keep freed memory in the process instead, as PyTorch's CUDA caching allocator
-    does. Linux/glibc only; elsewhere nothing changes.
-    """
+    """glibc hands large freed blocks back to the OS, so each training step of a GPT-2-vocabulary model page-faults
+    its 200 MB logits back in: on our 2-core VM +10% time and +-5% noise, on whichever variant allocates next. Keep
+    freed memory in the process, as PyTorch's CUDA allocator does. Linux/glibc only."""
     try:
         mallopt = ctypes.CDLL(ctypes.util.find_library('c')).mallopt
     except (OSError, AttributeError, TypeError):
@@ -482,10 +539,10 @@ def main():
     p.add_argument('--out', default='runs/gpu-check', help='--gpu_check: its runs go in a new folder under this one')
     p.add_argument('--data_dir', default='data', help='--gpu_check: where pydocs is (prepared if missing)')
     args = p.parse_args()
+    if args.plot and not (args.report and os.path.splitext(args.plot)[1]):
+        p.error("--plot draws the runs of --report into a file named by its format: --report=runs --plot=curves.png")
     if args.report:
         return report(args.report.split(','), args.plot)
-    if args.plot:
-        p.error("--plot draws the runs of --report; give --report=<run folders> too")
     if args.plan:
         return plan()
     gpu = dict(preset='60m', dtype='bfloat16', batch_size=16, block_size=1024) if args.gpu_check else {}

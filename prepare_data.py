@@ -12,21 +12,32 @@ Turn a corpus into token files for train.py: data/<name>/{train,val[,test]}.bin 
 Each document is followed by an end-of-text token: <|endoftext|> (50256) for gpt2, 256 for bytes.
 Outputs appear atomically (temp file, then rename), meta.json last; finished work is not redone without --force.
 """
-import argparse
-import ast
-import gzip
-import hashlib
-import json
 import os
-import random
-import sys
-import sysconfig
-import time
-import urllib.error
-import urllib.request
-import zipfile
+import signal
 
-import numpy as np
+
+def on_ctrl_c(signum, frame):  # Ctrl-C during the imports: one line, exit code 130 (at work: KeyboardInterrupt)
+    os.write(2, b"\ninterrupted: nothing was written\n")
+    os._exit(130)
+
+
+if __name__ == '__main__':  # from here on (urllib and numpy take a while to import); not when imported
+    signal.signal(signal.SIGINT, on_ctrl_c)
+
+import argparse  # noqa: E402
+import ast  # noqa: E402
+import gzip  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+import sysconfig  # noqa: E402
+import time  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.request  # noqa: E402
+import zipfile  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 # name -> where it comes from, its splits, and its default tokenizer (the paper's corpora default to gpt2)
 CORPORA = {
@@ -461,6 +472,7 @@ if __name__ == '__main__':
     p.add_argument('--data_dir', default='data')
     p.add_argument('--force', action='store_true', help='redo a finished preparation')
     args = p.parse_args()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here a Ctrl-C removes what was begun
     try:
         prepare(args.corpus, args.input, args.name, args.tokenizer, args.val_fraction, args.data_dir, args.force)
     except DataError as e:
@@ -469,4 +481,5 @@ if __name__ == '__main__':
         sys.exit(f"error: cannot write {e.filename or args.data_dir} ({e.strerror or e}); nothing partial was kept: "
                  "free some space or choose another --data_dir")
     except KeyboardInterrupt:
-        sys.exit("interrupted: no partial output was kept; run the same command again")
+        print("interrupted: no partial output was kept; run the same command again", file=sys.stderr)
+        sys.exit(130)

@@ -27,6 +27,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import bench
 import prepare_data
 import model as M
 from model import (PRESETS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Invertible, KVCache, QKTransform, attn_names,
@@ -663,6 +664,22 @@ def test_prepare_failure_leaves_no_partial_output(tmp_path, monkeypatch):
     assert r.returncode != 0 and not (tmp_path / 'data' / 'missing').exists()
 
 
+@pytest.mark.skipif(not hasattr(os, 'mkfifo'), reason='needs a named pipe')
+def test_prepare_ctrl_c_at_work_removes_what_it_began(tmp_path):
+    src = tmp_path / 'docs'
+    src.mkdir()
+    os.mkfifo(src / 'a.txt')  # reading it waits for a writer that never comes: the run is at work when stopped
+    p = subprocess.Popen([sys.executable, 'prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}'],
+                         cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(tmp_path / 'data' / 'docs', timeout=30)
+    time.sleep(0.2)  # past the folder's creation, into the read
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and 'Traceback' not in err, err
+    assert err.strip() == 'interrupted: no partial output was kept; run the same command again'
+    assert not (tmp_path / 'data').exists()  # the folders it made are gone
+
+
 def test_prepare_removes_what_a_killed_run_left(tmp_path):
     src = tmp_path / 'play.txt'
     src.write_text(TEXT)
@@ -1194,6 +1211,21 @@ def test_ctrl_c_during_start_up_stops_with_one_line(corpus, tmp_path, moment):
     assert last.startswith('interrupted') and err.strip() == ''
 
 
+@pytest.mark.parametrize('script, module', [('bench.py', 'torch'), ('prepare_data.py', 'numpy')])
+def test_ctrl_c_during_the_imports_of_bench_and_prepare_data(tmp_path, script, module):
+    # a stand-in for the slow import (torch: seconds) that says when it has begun, so the signal lands inside it
+    (tmp_path / module).mkdir()
+    (tmp_path / module / '__init__.py').write_text(f"import time\nopen({str(tmp_path / 'began')!r}, 'w').close()\n"
+                                                   "time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, script, f'--report={tmp_path}' if script == 'bench.py' else '--help'],
+                         cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    wait_for(tmp_path / 'began', timeout=30)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and out == '' and err.strip() in ('interrupted', 'interrupted: nothing was written')
+
+
 def test_ctrl_c_stops_a_trainer_that_inherited_sigint_ignored(corpus, tmp_path):
     # a background job of a non-interactive shell (sh -c 'python train.py & wait') starts with SIGINT ignored
     p = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={tmp_path}', *SMALL,
@@ -1332,18 +1364,49 @@ def test_a_full_disk_while_saving_or_logging_is_one_line_and_the_last_checkpoint
 # ---------------------------------------------------------------------------------------------------------------
 # bench.py --report: rows of comparable runs, the tokens standard needs, curves
 
-def fake_run(folder, evals, final_ppl, **config):
-    """A finished run's metrics.jsonl: a start record, evals [(tokens, val_loss)], a final record."""
+def fake_run(folder, evals, final_ppl, world_size=1, **config):
+    """A finished run's metrics.jsonl: a start record, evals [(tokens, val_loss)], a final record (128 tokens an
+    iteration); final_ppl=None: no final (the run stopped)."""
     cfg = dict(dataset='pydocs', attn='standard', n_layer=2, n_head=4, n_embd=128, block_size=32, bias=False,
                pos='learned', batch_size=4, gradient_accumulation_steps=1, eval_iters=2, learning_rate=1e-3,
                max_iters=evals[-1][0] // 128, seed=1) | config
     os.makedirs(folder)
-    records = [dict(event='start', iter=0, config=cfg)]
-    records += [dict(event='eval', iter=t // 128, tokens=t, val_loss=loss, qk=[]) for t, loss in evals]
-    records += [dict(event='final', iter=evals[-1][0] // 128, tokens=evals[-1][0], val_loss=math.log(final_ppl),
-                     val_ppl=final_ppl)]
-    with open(os.path.join(folder, 'metrics.jsonl'), 'w') as f:
+    log_records(folder, dict(event='start', iter=0, config=cfg, world_size=world_size, tokens=0))
+    log_evals(folder, evals, final_ppl)
+    return cfg
+
+
+def log_evals(folder, evals, final_ppl=None):
+    log_records(folder, *[dict(event='eval', iter=t // 128, tokens=t, val_loss=loss, qk=[]) for t, loss in evals])
+    if final_ppl is not None:
+        log_records(folder, dict(event='final', iter=evals[-1][0] // 128, tokens=evals[-1][0],
+                                 val_loss=math.log(final_ppl), val_ppl=final_ppl))
+
+
+def log_records(folder, *records):
+    with open(os.path.join(folder, 'metrics.jsonl'), 'a') as f:
         f.writelines(json.dumps(r) + '\n' for r in records)
+
+
+def resume_run(folder, cfg, at, evals, final_ppl=None, world_size=1, **changes):
+    """Append a resume from the checkpoint at iteration `at` to a fake run's log: train.py appends a start record,
+    then what it trains; changes: flags given at the resume."""
+    log_records(folder, dict(event='start', iter=at, config=cfg | changes, world_size=world_size, tokens=at * 128))
+    log_evals(folder, evals, final_ppl)
+
+
+def bench_report(capsys, monkeypatch, *args):
+    """bench.py --report... in this process (a subprocess would pay torch's import): (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, 'argv', ['bench.py', *args])
+    try:
+        bench.main()
+        code = 0
+    except SystemExit as e:
+        if isinstance(e.code, str):  # sys.exit('error: ...'): Python prints the line and exits with 1
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def report_rows(stdout):
@@ -1385,7 +1448,7 @@ def test_report_splits_a_label_whose_runs_differ_and_skips_what_is_not_a_record(
     assert set(rows) == {'standard [n_layer=1]', 'standard [n_layer=2]', 'coupled'}
     assert rows['coupled'][4] == '+6.2%'  # against the standard of its own shape
     assert 'pydocs/standard: its runs are not all alike (n_layer differ); shown as 2 rows' in r.stderr
-    assert r.stderr.count('is not a log record') == 4 and "diff-s1/metrics.jsonl's final record lacks" in r.stderr
+    assert r.stderr.count('is not a log record') == 4 and "diff-s1/metrics.jsonl is not a finished run" in r.stderr
     # resume skips such lines with the same warning, and its rewritten log holds records only
     out = tmp_path / 'run'
     assert train(corpus, out, '--max_iters=2', '--eval_interval=1').returncode == 0
@@ -1396,16 +1459,112 @@ def test_report_splits_a_label_whose_runs_differ_and_skips_what_is_not_a_record(
     assert all(isinstance(m, dict) for m in metrics(out))
 
 
-def test_report_plot_draws_the_curves_or_says_how_to_get_them(tmp_path):
+def test_report_plot_draws_the_curves_or_says_how_to_get_them(tmp_path, capsys, monkeypatch):
     fake_run(tmp_path / 'runs' / 'standard-s1', [(0, 5.0), (128, 3.0), (256, 2.5)], 8.0)
     fake_run(tmp_path / 'runs' / 'coupled-s1', [(0, 5.0), (128, 3.1), (256, 2.4)], 8.0, attn='coupled')
-    r = run('-c', "import sys; sys.modules['matplotlib'] = None; import bench; sys.argv = ['bench.py', "
-            f"'--report={tmp_path / 'runs'}', '--plot={tmp_path / 'c.png'}']; bench.main()")
-    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
-        "error: --plot needs matplotlib (pip install matplotlib); the table above needs nothing")
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, 'matplotlib', None)  # not installed
+        code, out, err = bench_report(capsys, monkeypatch, f'--report={tmp_path / "runs"}',
+                                      f'--plot={tmp_path / "c.png"}')
+    assert code == 1 and out == '' and err.strip() == (
+        "error: --plot needs matplotlib (pip install matplotlib); without --plot, the table needs nothing")
     pytest.importorskip('matplotlib')
-    r = run('bench.py', f'--report={tmp_path / "runs"}', f'--plot={tmp_path / "c.png"}')
-    assert r.returncode == 0 and (tmp_path / 'c.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={tmp_path / "runs"}', f'--plot={tmp_path / "c.png"}')
+    assert code == 0 and (tmp_path / 'c.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+@pytest.mark.parametrize('plot, words', [('missing/c.png', 'No such file or directory'),
+                                         ('c.xyz', "Format 'xyz' is not supported (supported formats: "),
+                                         ('c', 'a file named by its format')])
+def test_report_plot_path_is_checked_before_any_work(tmp_path, capsys, monkeypatch, plot, words):
+    pytest.importorskip('matplotlib')
+    fake_run(tmp_path / 'runs' / 'standard-s1', [(0, 5.0), (128, 3.0)], 8.0)
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={tmp_path / "runs"}', f'--plot={tmp_path / plot}')
+    assert code == 1 and out == '' and words in err and len(err.strip().splitlines()) == 1, err
+    assert os.listdir(tmp_path) == ['runs']
+
+
+def test_report_a_run_resumed_with_other_settings_is_its_own_row(tmp_path, capsys, monkeypatch):
+    runs = tmp_path / 'runs'
+    for s in (1, 2):  # straight runs of 4 and 8 iterations
+        fake_run(runs / f'coupled-4-s{s}', [(0, 5.0), (256, 3.5), (512, 3.0)], 9.0 + s, attn='coupled', seed=s)
+        fake_run(runs / f'coupled-8-s{s}', [(0, 5.0), (512, 3.0), (1024, 2.5)], 7.0 + s, attn='coupled', seed=s)
+    # coupled-4-s3 finished 4 iterations, was resumed with --max_iters=8, and that extension stopped (no final)
+    cfg = fake_run(runs / 'coupled-4-s3', [(0, 5.0), (256, 3.5), (512, 3.2)], 10.5, attn='coupled', seed=3)
+    resume_run(runs / 'coupled-4-s3', cfg, 4, [(512, 3.2), (768, 0.1)], max_iters=8)
+    # coupled-8-s3: the same, and the extension finished: its schedule jumped at iteration 4
+    cfg = fake_run(runs / 'coupled-8-s3', [(0, 5.0), (256, 3.5), (512, 3.2)], 10.5, attn='coupled', seed=3)
+    resume_run(runs / 'coupled-8-s3', cfg, 4, [(512, 3.2), (1024, 2.4)], 7.5, max_iters=8)
+    # coupled-8-s4: killed after an eval at iteration 6, past its checkpoint at 5, resumed from 5 (the eval at 6
+    # is superseded), killed again, then resumed from 6 as 1 process instead of 2: its own row
+    cfg = fake_run(runs / 'coupled-8-s4', [(0, 5.0), (640, 2.9), (768, 0.1)], None, attn='coupled', seed=4,
+                   max_iters=8, world_size=2)
+    resume_run(runs / 'coupled-8-s4', cfg, 5, [(768, 2.8)], world_size=2)
+    resume_run(runs / 'coupled-8-s4', cfg, 6, [(1024, 2.6)], 8.6, world_size=1)
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
+    assert code == 0, err
+    rows = report_rows(out)
+    assert set(rows) == {'coupled-4', 'coupled-8', 'coupled-8 [resumed: max_iters 4->8]',
+                         'coupled-8 [resumed: world_size 2->1]'}, out
+    assert rows['coupled-4'][2] == '3' and rows['coupled-4'][3] == '10.500 +- 0.500'  # s3: its result at 4 kept
+    assert rows['coupled-8'][2] == '2' and rows['coupled-8 [resumed: max_iters 4->8]'][3] == '7.500'
+    assert 'coupled-8-s3/metrics.jsonl: resumed with other settings; a row of its own' in err
+    loaded = {os.path.basename(os.path.dirname(r['path'])): r for r in bench.load_runs([str(runs)])}
+    assert [e['tokens'] for e in loaded['coupled-4-s3']['evals']] == [0, 256, 512]  # none past its final
+    assert [(e['tokens'], e['val_loss']) for e in loaded['coupled-8-s4']['evals']] == [
+        (0, 5.0), (640, 2.9), (768, 2.8), (1024, 2.6)]  # the records past a checkpoint are gone
+    assert loaded['coupled-4-s3']['config']['max_iters'] == 4
+
+
+def test_report_counts_each_run_once(tmp_path, capsys, monkeypatch):
+    runs = tmp_path / 'runs'
+    fake_run(runs / 'standard-s1', [(0, 5.0), (128, 3.0)], 8.0)
+    fake_run(runs / 'coupled-s1', [(0, 5.0), (128, 3.0)], 8.0, attn='coupled')
+    fake_run(runs / 'out-coupled-s1', [(0, 5.0), (128, 3.0)], 8.2, attn='coupled')  # seed 1 again
+    fake_run(runs / 'coupled-s2', [(0, 5.0), (128, 3.0)], 9.0, attn='coupled', seed=2)
+    os.symlink(runs, runs / 'coupled-s1' / 'loop')  # a symlink loop
+    os.symlink(runs / 'coupled-s2', tmp_path / 'latest')  # a run reached twice
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs},{runs}/.,{tmp_path / "latest"}')
+    assert code == 0, err
+    rows = report_rows(out)
+    assert rows['coupled'][2] == '2' and rows['coupled'][3] == '8.550 +- 0.636'  # seeds 1 (8.0, 8.2) and 2 (9.0)
+    assert rows['standard'][2] == '1' and 'pydocs/coupled: 2 runs share seed 1' in err
+
+
+BAD_RECORDS = {  # what a broken or hand-edited log may hold; each record is skipped with a warning
+    'qk a string': [dict(event='eval', iter=1, tokens=128, val_loss=3.0, qk='none')],
+    'qk malformed': [dict(event='eval', iter=1, tokens=128, val_loss=3.0, qk=[{'nonlinear': 'high'}])],
+    'dt a string': [dict(event='eval', iter=1, tokens=128, val_loss=3.0, qk=[{'nonlinear': 0.1, 'dt': 'small'}])],
+    'wrong types': [dict(event='eval', iter=1, tokens='many', val_loss=3.0), dict(event='train', iter='one', ms=5),
+                    dict(event='train', iter=1, ms=[5]), dict(event='start', iter=1, config='fast'),
+                    dict(event='final', iter=1, tokens=128, val_loss=None, val_ppl=True)],
+}
+
+
+@pytest.mark.parametrize('case, words', [
+    ('0 iterations', 'zero-s1/metrics.jsonl is not a finished run (no final val_ppl, val_loss, tokens > 0)'),
+    ('a folder', 'folder/metrics.jsonl: Is a directory; left out'), ('a diverged seed', ''),
+    *[(case, 'is not a log record') for case in BAD_RECORDS]])
+def test_report_bad_inputs_are_one_line_each(tmp_path, capsys, monkeypatch, case, words):
+    runs = tmp_path / 'runs'
+    fake_run(runs / 'standard-s1', [(0, 5.0), (128, 3.0)], 8.0)
+    fake_run(runs / 'coupled-s1', [(0, 5.0), (128, 3.0)], 8.0, attn='coupled')
+    if case == '0 iterations':  # --max_iters=0
+        fake_run(runs / 'zero-s1', [(0, 5.0)], 150.0)
+    elif case == 'a folder':  # where the log should be
+        (runs / 'folder' / 'metrics.jsonl').mkdir(parents=True)
+    elif case == 'a diverged seed':  # train.py reports an infinite perplexity
+        fake_run(runs / 'coupled-s2', [(0, 5.0), (128, 3.0)], math.inf, attn='coupled', seed=2)
+    else:
+        log_records(runs / 'coupled-s1', *BAD_RECORDS[case])
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
+    assert code == 0 and set(report_rows(out)) == {'standard', 'coupled'}, err
+    assert err.count('\n') == len(BAD_RECORDS.get(case, [words] * bool(words))) and words in err, err
+    if case == '0 iterations':  # and alone
+        code, out, err = bench_report(capsys, monkeypatch, f'--report={runs / "zero-s1"}')
+        assert code == 1 and out == '' and err.count('\n') == 2 and 'error: no finished train.py runs' in err
+    if case == 'a diverged seed':
+        assert report_rows(out)['coupled'][3] == 'inf'
 
 
 def test_gpu_check_runs_at_a_reduced_shape_on_cpu(corpus, tmp_path):
