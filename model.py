@@ -2,7 +2,7 @@
 A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped. Every attention
 variant behind one config field, `attn`: standard, diff (Differential Attention, Ye et al. 2024), or a q/k transform
 of the table QK_TRANSFORMS (coupled: the paper's leapfrog; euler; uncoupled; invertible: v2), alone or as diff+<it>.
-In order: config; the q/k transforms and their table; attention, block, GPT; KV cache; diagnostic; FLOP model.
+In order: config; the q/k transforms and their table; rotary, attention, MLP, block, GPT; KV cache; diagnostic; FLOPs.
 """
 
 import math
@@ -30,7 +30,7 @@ class GPTConfig:
     bias: bool = False       # biases in Linears and LayerNorms (GPT-2: True)
     attn: str = 'standard'   # one of attn_names()
     qk_steps: int = 1        # integration steps (coupled, euler) or repeats of the map (uncoupled, invertible)
-    qk_hidden: int = 12      # hidden width m of the potential V (0.11% at 60m); the table sets the others' from it
+    qk_hidden: int = 12      # hidden width m of the potential V (+0.119% at 60m); the table sets the others' from it
     qk_scale: float = 2.0    # spread of the q/k nets' pre-activations at init, out of SiLU's straight range
     qk_dt: float = 0.1       # initial step size dt of every head's dynamics (learned per head)
     qk_decay: bool = False   # weight decay on the q/k nets' weights too (an optimizer setting; it pulls toward linear)
@@ -54,7 +54,7 @@ class GPTConfig:
               f"pos=rope needs an even head size, got n_embd/n_head = {self.n_embd // self.n_head}")
 
     @property
-    def qk(self):  # the q/k transform's name in QK_TRANSFORMS ('coupled' for 'diff+coupled'), '' for none
+    def qk_name(self):  # the q/k transform's name in QK_TRANSFORMS ('coupled' for 'diff+coupled'), '' for none
         return self.attn.removeprefix('diff').removeprefix('+').removeprefix('standard')
 
 
@@ -64,18 +64,18 @@ class GPTConfig:
 class HeadMLP(nn.Module):
     """A separate two-layer SiLU net per head: x (..., nh, N, d_in) -> a silu(W x + b), (..., nh, N, d_out)."""
 
-    def __init__(self, n_head, d_in, hidden, d_out, zero_out=False, in_std=None):
+    def __init__(self, n_head, d_in, hidden, d_out, zero_out=False, w_std=None):
         super().__init__()
-        self.W = nn.Parameter(torch.randn(n_head, hidden, d_in) * (in_std or 1 / math.sqrt(d_in)))  # (nh, m, d_in)
+        self.W = nn.Parameter(torch.randn(n_head, hidden, d_in) * (w_std or 1 / math.sqrt(d_in)))  # (nh, m, d_in)
         self.b = nn.Parameter(torch.zeros(n_head, 1, hidden))                                      # (nh, 1, m)
         self.a = nn.Parameter(torch.zeros(n_head, d_out, hidden) if zero_out                        # (nh, d_out, m)
                               else torch.randn(n_head, d_out, hidden) / math.sqrt(hidden))
 
-    def hidden(self, x):  # z = W x + b: (..., nh, N, d_in) @ (nh, d_in, m) -> (..., nh, N, m)
+    def pre(self, x):  # pre-activation z = W x + b: (..., nh, N, d_in) @ (nh, d_in, m) -> (..., nh, N, m)
         return x @ self.W.transpose(1, 2) + self.b
 
     def forward(self, x, scale=1.0):  # scale (e.g. a step size, (nh, 1, 1)) folded into the small a: cheap
-        return F.silu(self.hidden(x)) @ (scale * self.a).transpose(1, 2)
+        return F.silu(self.pre(x)) @ (scale * self.a).transpose(1, 2)
 
 
 def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
@@ -87,11 +87,11 @@ class Hamiltonian(nn.Module):
     """Query = position, key = momentum: H(q, k) = 1/2 |k|^2 + V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head
     (w_j: the rows of W). integrator 'leapfrog' (attn=coupled) or 'euler'; step size dt learned per head."""
 
-    def __init__(self, n_head, head_size, hidden, steps, integrator='leapfrog', dt=0.1, in_std=None):
+    def __init__(self, n_head, head_size, hidden, steps, integrator='leapfrog', dt=0.1, w_std=None):
         super().__init__()
         if integrator not in ('leapfrog', 'euler'):
             raise ValueError(f"integrator={integrator!r}: Hamiltonian integrates with 'leapfrog' or 'euler'")
-        self.V = HeadMLP(n_head, head_size, hidden, 1, in_std=in_std)  # W (nh, m, hs), b (nh, 1, m), a (nh, 1, m)
+        self.V = HeadMLP(n_head, head_size, hidden, 1, w_std=w_std)  # W (nh, m, hs), b (nh, 1, m), a (nh, 1, m)
         self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
         self.steps, self.integrator = steps, integrator
 
@@ -100,8 +100,8 @@ class Hamiltonian(nn.Module):
 
     def force(self, q, scale=1.0):
         # scale * F(q), F(q) = -grad V(q) = -W^T (a * silu'(W q + b)), closed form: no autograd inside the forward.
-        # The scale (e.g. dt/2, shape (nh, 1, 1)) multiplies the m-wide hidden, not the hs-wide result: cheaper.
-        z = self.V.hidden(q)                                          # (..., nh, N, m)
+        # The scale (e.g. dt/2, (nh, 1, 1)) multiplies a, m numbers per head, not the (N, hs) result
+        z = self.V.pre(q)                                             # (..., nh, N, m)
         return (silu_grad(z) * (-scale * self.V.a)) @ self.V.W        # (..., nh, N, hs)
 
     def forward(self, q, k, dt=None):
@@ -127,10 +127,10 @@ class Hamiltonian(nn.Module):
 class Uncoupled(nn.Module):
     """Matched-capacity baseline: q += dt g_q(q), k += dt g_k(k); each stream sees only itself."""
 
-    def __init__(self, n_head, head_size, hidden, steps, integrator=None, dt=0.1, in_std=None):
+    def __init__(self, n_head, head_size, hidden, steps, dt=0.1, w_std=None):
         super().__init__()
-        self.g_q = HeadMLP(n_head, head_size, hidden, head_size, in_std=in_std)
-        self.g_k = HeadMLP(n_head, head_size, hidden, head_size, in_std=in_std)
+        self.g_q = HeadMLP(n_head, head_size, hidden, head_size, w_std=w_std)
+        self.g_k = HeadMLP(n_head, head_size, hidden, head_size, w_std=w_std)
         self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
         self.steps = steps
 
@@ -144,10 +144,10 @@ class Uncoupled(nn.Module):
 class Invertible(nn.Module):
     """RealNVP-style coupling of q and k, identity at init: k <- k exp(s1(q)) + t1(q); q <- q exp(s2(k)) + t2(k)."""
 
-    def __init__(self, n_head, head_size, hidden, steps, integrator=None, dt=None, in_std=None):  # starts at identity
+    def __init__(self, n_head, head_size, hidden, steps, w_std=None):
         super().__init__()
-        self.st1 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, in_std=in_std)  # q -> (s1, t1)
-        self.st2 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, in_std=in_std)  # k -> (s2, t2)
+        self.st1 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, w_std=w_std)  # q -> (s1, t1)
+        self.st2 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, w_std=w_std)  # k -> (s2, t2)
         self.steps = steps
 
     @staticmethod
@@ -172,25 +172,22 @@ class Invertible(nn.Module):
         return q, k
 
 
-# A q/k transform: its class, built as cls(n_head, head_size, hidden, steps, integrator, dt, in_std); Hamiltonian's
-# integrator ('leapfrog' or 'euler', None for the others); its nets' hidden width from --qk_hidden m; and its forward
-# FLOPs per token and head, flops(hs, hidden, steps), for the FLOP model
-QKTransform = namedtuple('QKTransform', 'cls integrator hidden flops')
+# A q/k transform: its class, built as cls(n_head, head_size, width, steps, **args(config), w_std); its nets' width
+# from --qk_hidden m; its FLOPs per token and head, flops(hs, width, steps). A new variant is one entry: --attn=<name>
+# and diff+<name> build it, the FLOP model and the tests read it, its parameters are the q/k ones (--qk_decay)
+QKTransform = namedtuple('QKTransform', 'cls args width flops')
 force_flops = lambda hs, m: 4 * m * hs + 10 * m  # noqa: E731  W q, W^T (.), silu' elementwise
-
-# A new q/k transform is one entry here: --attn=<name> and --attn=diff+<name> build it, the FLOP model and the tests
-# read it, and the parameters of its class are the q/k parameters (the budget, --qk_decay).
 QK_TRANSFORMS = {
     # the paper's method. A perfect leapfrog reuses the force at the step boundary: n+1 forces, not 2n
-    'coupled': QKTransform(Hamiltonian, 'leapfrog', lambda m: m,
+    'coupled': QKTransform(Hamiltonian, lambda c: dict(integrator='leapfrog', dt=c.qk_dt), lambda m: m,
                            lambda hs, m, n: (n + 1) * force_flops(hs, m) + n * 6 * hs),
-    'euler': QKTransform(Hamiltonian, 'euler', lambda m: m,  # the same H, not symplectic
+    'euler': QKTransform(Hamiltonian, lambda c: dict(integrator='euler', dt=c.qk_dt), lambda m: m,  # not symplectic
                          lambda hs, m, n: n * (force_flops(hs, m) + 4 * hs)),
     # 4h hs + 2h + 1 parameters per head vs the potential's m hs + 2m + 1: h = m/4 matches coupled's budget
-    'uncoupled': QKTransform(Uncoupled, None, lambda m: max(1, m // 4),
+    'uncoupled': QKTransform(Uncoupled, lambda c: dict(dt=c.qk_dt), lambda m: max(1, m // 4),
                              lambda hs, h, n: n * 2 * (4 * h * hs + 5 * h + 2 * hs)),
     # 6h hs + 2h per head: h = 0.4 m gives v2's "about 0.3%" at 60m (2.4x coupled's)
-    'invertible': QKTransform(Invertible, None, lambda m: max(1, round(0.4 * m)),
+    'invertible': QKTransform(Invertible, lambda c: {}, lambda m: max(1, round(0.4 * m)),
                               lambda hs, h, n: n * 2 * (6 * h * hs + 5 * h + 8 * hs)),
 }
 
@@ -201,12 +198,11 @@ def attn_names():  # every --attn value, read from the table when asked (so an e
 
 def qk_transform(name, n_head, head_size, config):
     # The q/k map of one layer; n_head counts the (sub-)heads that own a q, k pair. q, k entries start with spread
-    # 0.02 sqrt(n_embd) (LayerNorm'd x through c_attn at std 0.02): a first layer of std qk_scale / (0.02 sqrt(n_embd
-    # hs)) gives pre-activations w . q of spread qk_scale at initialization
+    # 0.02 sqrt(n_embd) (LayerNorm'd x through c_attn at std 0.02): W of std qk_scale / (0.02 sqrt(n_embd hs)) gives
+    # pre-activations w . q of spread qk_scale
     spec = QK_TRANSFORMS[name]
-    in_std = config.qk_scale / (0.02 * math.sqrt(config.n_embd * head_size)) if config.qk_scale > 0 else None
-    return spec.cls(n_head, head_size, spec.hidden(config.qk_hidden), config.qk_steps, integrator=spec.integrator,
-                    dt=config.qk_dt, in_std=in_std)
+    w_std = config.qk_scale / (0.02 * math.sqrt(config.n_embd * head_size)) if config.qk_scale > 0 else None
+    return spec.cls(n_head, head_size, spec.width(config.qk_hidden), config.qk_steps, **spec.args(config), w_std=w_std)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -239,7 +235,7 @@ class CausalSelfAttention(nn.Module):
         self.head_size, self.diff = config.n_embd // config.n_head, config.attn.startswith('diff')
         self.n_v_head = config.n_head // 2 if self.diff else config.n_head  # diff: one v per pair of sub-heads
         # the q/k map over every q, k pair: n_head heads, or for diff n_head sub-heads (two per differential head)
-        self.qk = qk_transform(config.qk, config.n_head, self.head_size, config) if config.qk else None
+        self.qk = qk_transform(config.qk_name, config.n_head, self.head_size, config) if config.qk_name else None
         self.rotary = Rotary(self.head_size, config.block_size) if config.pos == 'rope' else None
         if self.diff:  # reference: microsoft/unilm Diff-Transformer multihead_diffattn.py
             self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
@@ -334,8 +330,7 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def qk_parameters(self):
-        # what coupling adds to an attention variant: the parameters of every module whose class is a q/k transform
-        # of the table, wherever it sits in the model
+        # what coupling adds: the parameters of every module whose class is in QK_TRANSFORMS, wherever it sits
         classes = tuple(spec.cls for spec in QK_TRANSFORMS.values())
         return list({id(p): p for m in self.modules() if isinstance(m, classes) for p in m.parameters()}.values())
 
@@ -370,10 +365,10 @@ class GPT(nn.Module):
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         # weight decay on the matrices of Linear and Embedding, and with config.qk_decay on the q/k nets' weights
         # W, a; never on biases, gains, step sizes dt or diff's lambda vectors
-        qk = {id(p) for p in self.qk_parameters()}
+        qk_ids = {id(p) for p in self.qk_parameters()}
         decay, no_decay = [], []
         for n, p in self.named_parameters():
-            if id(p) in qk:
+            if id(p) in qk_ids:
                 (decay if self.config.qk_decay and n.endswith(('.W', '.a')) else no_decay).append(p)
             else:
                 (decay if p.dim() >= 2 else no_decay).append(p)
@@ -460,11 +455,11 @@ def flops_per_token(config, T):
     C, L, nh, hs = config.n_embd, config.n_layer, config.n_head, config.n_embd // config.n_head
     matmul = 2 * (L * 12 * C * C + C * config.vocab_size)            # c_attn, c_proj, c_fc, mlp.c_proj; lm_head
     attend = L * 2 * T * C * (3 if config.attn.startswith('diff') else 2) / 2  # q k^T and (attention) v, causal half
-    qk = 0
-    if config.qk:
-        if config.qk not in QK_TRANSFORMS:
-            raise ValueError(f"the FLOP model has no q/k transform {config.qk!r}; add it to QK_TRANSFORMS")
-        spec = QK_TRANSFORMS[config.qk]
-        qk = L * nh * spec.flops(hs, spec.hidden(config.qk_hidden), config.qk_steps)
-    return 3 * (matmul + attend + qk)
+    qk_flops = 0
+    if config.qk_name:
+        if config.qk_name not in QK_TRANSFORMS:
+            raise ValueError(f"the FLOP model has no q/k transform {config.qk_name!r}; add it to QK_TRANSFORMS")
+        spec = QK_TRANSFORMS[config.qk_name]
+        qk_flops = L * nh * spec.flops(hs, spec.width(config.qk_hidden), config.qk_steps)
+    return 3 * (matmul + attend + qk_flops)
 

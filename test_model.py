@@ -175,7 +175,7 @@ def test_closed_form_force_equals_autograd_gradient_of_potential():
     (grad,) = torch.autograd.grad(h.V(q).sum(), q)  # V(q), summed over tokens
     assert torch.allclose(h.force(q), -grad, atol=1e-12)
     assert grad.abs().max() > 1e-2
-    scale = h.dt.view(-1, 1, 1)  # the integrators fold dt into the force's hidden layer: same as scaling after
+    scale = h.dt.view(-1, 1, 1)  # the integrators fold dt into the potential's a: same as scaling after
     assert torch.allclose(h.force(q, scale), scale * h.force(q), atol=1e-12)
 
 
@@ -438,7 +438,7 @@ def test_qk_scale_sets_the_spread_of_the_potentials_pre_activations():
     cfg = tiny('coupled', qk_scale=2.0)
     model = GPT(cfg, verbose=False)
     q = 0.02 * math.sqrt(cfg.n_embd) * torch.randn(1, 4, 4096, 8)  # q's spread at initialization
-    z = model.transformer.h[0].attn.qk.V.hidden(q)
+    z = model.transformer.h[0].attn.qk.V.pre(q)
     assert 1.8 < z.std().item() < 2.2
 
 
@@ -483,19 +483,22 @@ def test_every_table_entry_builds_its_declared_class_integrator_width_and_cost()
     base = flops_per_token(GPTConfig(**cfg), 512)
     for name, spec in QK_TRANSFORMS.items():
         for attn in (name, 'diff+' + name):
-            model = build(attn, qk_hidden=8)
+            model = build(attn, qk_hidden=8, qk_dt=0.25)
             for qk in qk_maps(model):
-                assert type(qk) is spec.cls and getattr(qk, 'integrator', None) == spec.integrator, attn
+                assert type(qk) is spec.cls and getattr(qk, 'integrator', None) == spec.args(model.config).get(
+                    'integrator'), attn
+                assert not hasattr(qk, 'dt') or torch.equal(qk.dt, torch.full((4,), 0.25)), attn  # --qk_dt reaches it
                 widths = {mlp.W.shape[1] for mlp in qk.modules() if isinstance(mlp, M.HeadMLP)}
-                assert widths == {spec.hidden(8)}, attn
-        assert spec.flops(64, spec.hidden(12), 1) > 0
+                assert widths == {spec.width(8)}, attn
+        assert spec.flops(64, spec.width(12), 1) > 0
         assert flops_per_token(GPTConfig(attn=name, **cfg), 512) > base
 
 
 def test_a_transform_added_to_the_table_alone_trains_is_costed_and_keeps_its_integrator(monkeypatch):
     # a forker's new variant: another leapfrog potential, twice as wide; nothing but the table entry
-    monkeypatch.setitem(QK_TRANSFORMS, 'wide-leapfrog', QKTransform(Hamiltonian, 'leapfrog', lambda m: 2 * m,
-                                                                    QK_TRANSFORMS['coupled'].flops))
+    coupled = QK_TRANSFORMS['coupled']
+    monkeypatch.setitem(QK_TRANSFORMS, 'wide-leapfrog', QKTransform(Hamiltonian, coupled.args, lambda m: 2 * m,
+                                                                    coupled.flops))
     assert 'wide-leapfrog' in attn_names() and 'diff+wide-leapfrog' in attn_names()
     for attn in ('wide-leapfrog', 'diff+wide-leapfrog'):
         m = build(attn)
@@ -514,8 +517,8 @@ def test_a_transform_added_to_the_table_alone_trains_is_costed_and_keeps_its_int
     cfg = GPTConfig(attn='wide-leapfrog', **PRESETS['60m'])
     assert flops_per_token(cfg, 512) > flops_per_token(GPTConfig(attn='coupled', **PRESETS['60m']), 512)
     r = run('-c', "import model, bench; from model import *; "
-            "model.QK_TRANSFORMS['wide-leapfrog'] = QKTransform(Hamiltonian, 'leapfrog', lambda m: 2 * m, "
-            "QK_TRANSFORMS['coupled'].flops); "
+            "c = QK_TRANSFORMS['coupled']; "
+            "model.QK_TRANSFORMS['wide-leapfrog'] = QKTransform(Hamiltonian, c.args, lambda m: 2 * m, c.flops); "
             "print(bench.flop_ratio(GPTConfig(attn='wide-leapfrog', **PRESETS['60m']), 512))")
     assert r.returncode == 0 and 1.0 < float(r.stdout) < 1.05, r.stderr  # bench's FLOP model tabulates it
 
