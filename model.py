@@ -1,8 +1,8 @@
 """
 A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped. Every attention
 variant behind one config field, `attn`: standard, diff (Differential Attention, Ye et al. 2024), or a q/k transform
-of the table QK_TRANSFORMS (coupled: the paper's leapfrog; euler; uncoupled; invertible: v2), alone or as diff+<it>.
-In order: config; the q/k transforms and their table; rotary, attention, MLP, block, GPT; KV cache; diagnostic; FLOPs.
+of the table QK_TRANSFORMS (coupled: the paper's leapfrog; ablations; invertible: v2), alone or as diff+<it>. In order:
+config; integrators, q/k transforms, their tables; rotary, attention, MLP, block, GPT; KV cache; diagnostic; FLOPs.
 """
 
 import math
@@ -29,7 +29,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False       # biases in Linears and LayerNorms (GPT-2: True)
     attn: str = 'standard'   # one of attn_names()
-    qk_steps: int = 1        # integration steps (coupled, euler) or repeats of the map (uncoupled, invertible)
+    qk_steps: int = 1        # integration steps (the Hamiltonians) or repeats of the map (uncoupled, invertible)
     qk_hidden: int = 12      # hidden width m of the potential V (+0.119% at 60m); the table sets the others' from it
     qk_scale: float = 2.0    # spread of the q/k nets' pre-activations at init, out of SiLU's straight range
     qk_dt: float = 0.1       # initial step size dt of every head's dynamics (learned per head)
@@ -83,14 +83,47 @@ def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
     return s * (1 + z * (1 - s))
 
 
+# Integrators: a step (q, k) -> (q', k') of size dt for a Hamiltonian h, and what the next step may reuse
+
+def leapfrog(h, q, k, dt, kick=None):  # kick-drift-kick; the last kick is the next step's first: n + 1 forces
+    kick = h.force(q, dt / 2) if kick is None else kick
+    k = k + kick    # kick:  k += dt/2 F(q)
+    q = q + dt * k  # drift: q += dt k
+    kick = h.force(q, dt / 2)
+    k = k + kick    # kick:  k += dt/2 F(q)
+    return q, k, kick
+
+
+def euler(h, q, k, dt, kick):  # explicit Euler, both from the old state: q += dt k, k += dt F(q)
+    return q + dt * k, k + h.force(q, dt), None
+
+
+def symplectic_euler(h, q, k, dt, kick):
+    k = k + h.force(q, dt)  # kick:  k += dt F(q)
+    return q + dt * k, k, None  # drift: q += dt k (the new k)
+
+
+class Table(dict):  # an unknown name is an error, never a default
+    def __missing__(self, name):
+        raise ValueError(f"{name!r} is not in the table: {', '.join(self)}")
+
+
+# What each promises. symplectic: J^T Omega J = Omega; symmetric: -dt returns; order p: error ~ dt^p
+Integrator = namedtuple('Integrator', 'step symplectic symmetric order')
+INTEGRATORS = Table({
+    'leapfrog': Integrator(leapfrog, symplectic=True, symmetric=True, order=2),
+    'euler': Integrator(euler, symplectic=False, symmetric=False, order=1),
+    'symplectic-euler': Integrator(symplectic_euler, symplectic=True, symmetric=False, order=1),
+})
+
+
 class Hamiltonian(nn.Module):
     """Query = position, key = momentum: H(q, k) = 1/2 |k|^2 + V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head
-    (w_j: the rows of W). integrator 'leapfrog' (attn=coupled) or 'euler'; step size dt learned per head."""
+    (w_j: the rows of W), stepped by an INTEGRATORS entry with a step size dt learned per head."""
 
     def __init__(self, n_head, head_size, hidden, steps, integrator='leapfrog', dt=0.1, w_std=None):
         super().__init__()
-        if integrator not in ('leapfrog', 'euler'):
-            raise ValueError(f"integrator={integrator!r}: Hamiltonian integrates with 'leapfrog' or 'euler'")
+        INTEGRATORS[integrator]  # an unknown name fails here and at every call
         self.V = HeadMLP(n_head, head_size, hidden, 1, w_std=w_std)  # W (nh, m, hs), b (nh, 1, m), a (nh, 1, m)
         self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
         self.steps, self.integrator = steps, integrator
@@ -104,24 +137,25 @@ class Hamiltonian(nn.Module):
         z = self.V.pre(q)                                             # (..., nh, N, m)
         return (silu_grad(z) * (-scale * self.V.a)) @ self.V.W        # (..., nh, N, hs)
 
+    def step(self, q, k, dt, kick=None):  # a subclass may change it (return kick None if it moves q)
+        return INTEGRATORS[self.integrator].step(self, q, k, dt, kick)
+
     def forward(self, q, k, dt=None):
         B, nh, T, hs = q.shape
         dt = (self.dt if dt is None else dt).view(nh, 1, 1)
         # all tokens of a head as one matrix, (B, nh, T, hs) -> (nh, B*T, hs): the force is one batched matmul
         q, k = (x.transpose(0, 1).reshape(nh, B * T, hs) for x in (q, k))
+        kick = None
         for _ in range(self.steps):
-            if self.integrator == 'leapfrog':  # kick-drift-kick
-                k = k + self.force(q, dt / 2)     # kick:  k += dt/2 F(q)
-                q = q + dt * k                    # drift: q += dt k
-                k = k + self.force(q, dt / 2)     # kick:  k += dt/2 F(q)
-            else:  # explicit Euler, both updates from the old state
-                q, k = q + dt * k, k + self.force(q, dt)
+            q, k, kick = self.step(q, k, dt, kick)
         return tuple(x.view(nh, B, T, hs).transpose(0, 1) for x in (q, k))  # (B, nh, T, hs)
 
-    def inverse(self, q, k):
-        if self.integrator != 'leapfrog':
-            raise ValueError("only leapfrog is time-reversible (run with -dt to return); euler's inverse is implicit")
-        return self(q, k, dt=-self.dt)  # kick-drift-kick is symmetric: integrating with -dt returns
+    def inverse(self, q, k):  # a symmetric integrator returns with -dt; other steps need their own inverse
+        if not INTEGRATORS[self.integrator].symmetric:
+            raise ValueError(f"{self.integrator} is not symmetric: -dt does not return")
+        if type(self).step is not Hamiltonian.step or type(self).forward is not Hamiltonian.forward:
+            raise ValueError(f"{type(self).__name__} changes the step: give it its own inverse")
+        return self(q, k, dt=-self.dt)
 
 
 class Uncoupled(nn.Module):
@@ -173,23 +207,24 @@ class Invertible(nn.Module):
 
 
 # A q/k transform: its class, built as cls(n_head, head_size, width, steps, **args(config), w_std); its nets' width
-# from --qk_hidden m; its FLOPs per token and head, flops(hs, width, steps). A new variant is one entry: --attn=<name>
-# and diff+<name> build it, the FLOP model and the tests read it, its parameters are the q/k ones (--qk_decay)
+# from --qk_hidden m; its FLOPs per token and head, flops(hs, width, steps). A new variant is one entry (a new
+# integrator: one of INTEGRATORS too); --attn, the FLOP model and the tests read it
 QKTransform = namedtuple('QKTransform', 'cls args width flops')
-force_flops = lambda hs, m: 4 * m * hs + 10 * m  # noqa: E731  W q, W^T (.), silu' elementwise
-QK_TRANSFORMS = {
-    # the paper's method. A perfect leapfrog reuses the force at the step boundary: n+1 forces, not 2n
+first_order = lambda hs, m, n: n * (4 * m * hs + 10 * m + 4 * hs)  # noqa: E731  n forces: W q, (.) W; silu'
+QK_TRANSFORMS = Table({
+    # the paper's method: leapfrog, n + 1 forces
     'coupled': QKTransform(Hamiltonian, lambda c: dict(integrator='leapfrog', dt=c.qk_dt), lambda m: m,
-                           lambda hs, m, n: (n + 1) * force_flops(hs, m) + n * 6 * hs),
-    'euler': QKTransform(Hamiltonian, lambda c: dict(integrator='euler', dt=c.qk_dt), lambda m: m,  # not symplectic
-                         lambda hs, m, n: n * (force_flops(hs, m) + 4 * hs)),
+                           lambda hs, m, n: (n + 1) * (4 * m * hs + 10 * m) + n * 6 * hs),
+    'euler': QKTransform(Hamiltonian, lambda c: dict(integrator='euler', dt=c.qk_dt), lambda m: m, first_order),
+    'symplectic-euler': QKTransform(Hamiltonian, lambda c: dict(integrator='symplectic-euler', dt=c.qk_dt),
+                                    lambda m: m, first_order),
     # 4h hs + 2h + 1 parameters per head vs the potential's m hs + 2m + 1: h = m/4 matches coupled's budget
     'uncoupled': QKTransform(Uncoupled, lambda c: dict(dt=c.qk_dt), lambda m: max(1, m // 4),
                              lambda hs, h, n: n * 2 * (4 * h * hs + 5 * h + 2 * hs)),
     # 6h hs + 2h per head: h = 0.4 m gives v2's "about 0.3%" at 60m (2.4x coupled's)
     'invertible': QKTransform(Invertible, lambda c: {}, lambda m: max(1, round(0.4 * m)),
                               lambda hs, h, n: n * 2 * (6 * h * hs + 5 * h + 8 * hs)),
-}
+})
 
 
 def attn_names():  # every --attn value, read from the table when asked (so an entry added at run time counts)
@@ -455,11 +490,7 @@ def flops_per_token(config, T):
     C, L, nh, hs = config.n_embd, config.n_layer, config.n_head, config.n_embd // config.n_head
     matmul = 2 * (L * 12 * C * C + C * config.vocab_size)            # c_attn, c_proj, c_fc, mlp.c_proj; lm_head
     attend = L * 2 * T * C * (3 if config.attn.startswith('diff') else 2) / 2  # q k^T and (attention) v, causal half
-    qk_flops = 0
-    if config.qk_name:
-        if config.qk_name not in QK_TRANSFORMS:
-            raise ValueError(f"the FLOP model has no q/k transform {config.qk_name!r}; add it to QK_TRANSFORMS")
-        spec = QK_TRANSFORMS[config.qk_name]
-        qk_flops = L * nh * spec.flops(hs, spec.width(config.qk_hidden), config.qk_steps)
+    spec = QK_TRANSFORMS[config.qk_name] if config.qk_name else None  # an unknown name is an error, never 0 FLOPs
+    qk_flops = L * nh * spec.flops(hs, spec.width(config.qk_hidden), config.qk_steps) if spec else 0
     return 3 * (matmul + attend + qk_flops)
 

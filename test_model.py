@@ -29,8 +29,8 @@ import torch.nn.functional as F
 
 import prepare_data
 import model as M
-from model import (PRESETS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Invertible, KVCache, QKTransform, attn_names,
-                   flops_per_token, qk_diagnostics)
+from model import (INTEGRATORS, PRESETS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Invertible, KVCache, QKTransform,
+                   attn_names, flops_per_token, qk_diagnostics)
 
 ATTN = attn_names()
 TRANSFORMS = [a for a in ATTN if a not in ('standard', 'diff')]  # variants with a q/k map
@@ -152,9 +152,9 @@ def test_zero_step_or_identity_is_exactly_the_base_attention(attn):
 # ---------------------------------------------------------------------------------------------------------------
 # the Hamiltonian dynamics, on their own: tensors shaped (B, n_head, T, head_dim)
 
-def hamiltonian(integrator, steps=1, hs=8, nh=3, seed=0):
+def hamiltonian(integrator, steps=1, hs=8, nh=3, seed=0, cls=Hamiltonian):
     torch.manual_seed(seed)
-    h = Hamiltonian(nh, hs, 6, steps, integrator).double()
+    h = cls(nh, hs, 6, steps, integrator).double()
     with torch.no_grad():
         h.dt.copy_(torch.tensor([0.3, -0.5, 0.8][:nh], dtype=torch.float64))
         h.V.a.mul_(3.0)  # a strong potential, so the force matters
@@ -253,6 +253,119 @@ def test_leapfrog_energy_drift_is_small_and_euler_drifts():
     e0 = leap.energy(q, k)
     drift = lambda h: (h.energy(*h(q, k)) - e0).abs().mean().item()
     assert drift(leap) < 0.1 * drift(euler)
+
+
+def symplectic_error(h, hs=4, seed=3):  # |J^T Omega J - Omega| for one token, Omega = [[0, I], [-I, 0]]
+    omega = torch.zeros(2 * hs, 2 * hs, dtype=torch.float64)
+    omega[:hs, hs:], omega[hs:, :hs] = torch.eye(hs), -torch.eye(hs)
+    J = jacobian(h, hs, seed)
+    return (J.T @ omega @ J - omega).abs().max().item()
+
+
+class Pendulum(Hamiltonian):  # exercise 1's: V(q) = -cos(q), F(q) = -sin(q)
+    def force(self, q, scale=1.0):
+        return -scale * torch.sin(q)
+
+
+def pendulum_energy_error(integrator, dt):
+    """The largest |H - H0| from rest at q = 1 to time 20, one call per step of dt."""
+    h = Pendulum(1, 1, 1, 1, integrator, dt=dt).double()
+    q, k = torch.ones(1, 1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, 1, 1, dtype=torch.float64)
+    energy = lambda q, k: 0.5 * k.item() ** 2 - math.cos(q.item())
+    e0, worst = energy(q, k), 0.0
+    with torch.no_grad():
+        for _ in range(round(20 / dt)):
+            q, k = h(q, k)
+            worst = max(worst, abs(energy(q, k) - e0))
+    return worst
+
+
+def check_promises(name):
+    """What INTEGRATORS[name] declares, measured: symplectic, symmetric (-dt returns, inverse), order (pendulum)."""
+    spec = INTEGRATORS[name]
+    h = hamiltonian(name, 2, hs=4, nh=1)
+    assert (max(symplectic_error(h, seed=s) for s in (3, 4)) < 1e-12) == spec.symplectic, name
+    q, k = qk_pair(nh=1, hs=4)
+    q0, k0 = h(*h(q, k), dt=-h.dt)
+    assert ((q0 - q).abs().max() < 1e-10 and (k0 - k).abs().max() < 1e-10) == spec.symmetric, name
+    if spec.symmetric:
+        assert torch.allclose(h.inverse(*h(q, k))[0], q, atol=1e-10)
+    else:
+        with pytest.raises(ValueError, match='symmetric'):
+            h.inverse(q, k)
+    ratio = pendulum_energy_error(name, 0.1) / pendulum_energy_error(name, 0.05)
+    assert 0.7 * 2 ** spec.order < ratio < 1.4 * 2 ** spec.order, (name, ratio)  # error ~ dt^order
+    return ratio
+
+
+@pytest.mark.parametrize('name', INTEGRATORS)
+def test_each_integrator_keeps_what_its_entry_promises(name):
+    # symplectic-euler (kick, then drift) is symplectic like leapfrog but, unlike it, first order and not symmetric
+    check_promises(name)
+
+
+def test_leapfrog_reuses_the_force_at_each_step_boundary_and_equals_kick_drift_kick():
+    calls = []
+
+    class Counted(Hamiltonian):
+        def force(self, q, scale=1.0):
+            calls.append(1)
+            return super().force(q, scale)
+    h = hamiltonian('leapfrog', 3, cls=Counted)
+    q, k = qk_pair()
+    q1, k1 = h(q, k)
+    assert len(calls) == 3 + 1  # n + 1 forces, as the FLOP model says (not 2n)
+    dt = h.dt.view(-1, 1, 1)
+    q, k = (x.transpose(0, 1).reshape(3, -1, 8) for x in (q, k))
+    for _ in range(3):  # kick-drift-kick, each force computed afresh: the same numbers, bit for bit
+        k = k + h.force(q, dt / 2)
+        q = q + dt * k
+        k = k + h.force(q, dt / 2)
+    q1, k1 = (x.transpose(0, 1).reshape(3, -1, 8) for x in (q1, k1))
+    assert torch.equal(q1, q) and torch.equal(k1, k)
+
+
+def test_an_unknown_integrator_is_an_error_at_construction_and_at_call():
+    with pytest.raises(ValueError, match='leapfrog'):  # the message lists the names
+        Hamiltonian(2, 4, 3, 1, 'yoshida')
+    h = hamiltonian('leapfrog')
+    h.integrator = 'yoshida'  # set after construction: an error, not a silent fallback to Euler
+    with pytest.raises(ValueError, match='yoshida'):
+        h(*qk_pair())
+    with pytest.raises(ValueError, match='yoshida'):
+        h.inverse(*qk_pair())
+
+
+class Damped(Hamiltonian):  # a forker's change of the step: k <- (1 - gamma) k after each leapfrog step, gamma 0.2
+    def step(self, q, k, dt, kick=None):
+        q, k, kick = super().step(q, k, dt, kick)
+        return q, 0.8 * k, kick
+
+
+def test_an_overridden_step_is_taken_at_every_one_of_qk_steps():
+    damped, one = hamiltonian('leapfrog', 3, cls=Damped), hamiltonian('leapfrog', 1)
+    q, k = qk_pair()
+    q1, k1 = damped(q, k)
+    for _ in range(3):  # the intended map, written out: a step, then the damping, three times
+        q, k = one(q, k)
+        k = 0.8 * k
+    assert torch.allclose(q1, q, atol=1e-12, rtol=0) and torch.allclose(k1, k, atol=1e-12, rtol=0)
+    assert not torch.allclose(q1, hamiltonian('leapfrog', 3)(*qk_pair())[0], atol=1e-3)
+
+
+def test_the_inherited_inverse_of_a_changed_step_refuses_instead_of_undoing_another_map():
+    q, k = qk_pair()
+    with pytest.raises(ValueError, match='Damped'):
+        hamiltonian('leapfrog', 3, cls=Damped).inverse(q, k)
+
+    class DampedForward(Hamiltonian):  # the same change written in forward
+        def forward(self, q, k, dt=None):
+            q, k = super().forward(q, k, dt)
+            return q, 0.8 * k
+    with pytest.raises(ValueError, match='DampedForward'):
+        hamiltonian('leapfrog', 1, cls=DampedForward).inverse(q, k)
+    pendulum = hamiltonian('leapfrog', 3, cls=Pendulum)  # a changed force keeps leapfrog's step: its inverse holds
+    assert torch.allclose(pendulum.inverse(*pendulum(q, k))[0], q, atol=1e-10)
 
 
 @pytest.mark.parametrize('steps', [1, 2])
