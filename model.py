@@ -33,7 +33,7 @@ class GPTConfig:
     qk_hidden: int = 12      # hidden width m of the potential V (+0.119% at 60m); the table sets the others' from it
     qk_scale: float = 2.0    # spread of the q/k nets' pre-activations at init, out of SiLU's straight range
     qk_dt: float = 0.1       # initial step size dt of every head's dynamics (learned per head)
-    qk_decay: bool = False   # weight decay on the q/k nets' weights too (an optimizer setting; it pulls toward linear)
+    qk_decay: bool = False   # weight decay on the q/k nets' matrices too (an optimizer setting; pulls toward linear)
     pos: str = 'learned'     # 'learned' absolute positions, or 'rope' (rotary, applied after the q/k dynamics)
 
     def __post_init__(self):
@@ -398,16 +398,13 @@ class GPT(nn.Module):
         return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        # weight decay on the matrices of Linear and Embedding, and with config.qk_decay on the q/k nets' weights
-        # W, a; never on biases, gains, step sizes dt or diff's lambda vectors
+        # decay by role: matrices (dim >= 2; the q/k maps' only with config.qk_decay, whatever their names), never
+        # vectors (biases, HeadMLP's b (nh, 1, m) too, gains, diff's lambdas) or step sizes dt
         qk_ids = {id(p) for p in self.qk_parameters()}
-        decay, no_decay = [], []
-        for n, p in self.named_parameters():
-            if id(p) in qk_ids:
-                (decay if self.config.qk_decay and n.endswith(('.W', '.a')) else no_decay).append(p)
-            else:
-                (decay if p.dim() >= 2 else no_decay).append(p)
-        groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
+        vectors = {id(m.b) for m in self.modules() if isinstance(m, HeadMLP)}
+        decay = lambda p: p.dim() >= 2 and id(p) not in vectors and (self.config.qk_decay or id(p) not in qk_ids)
+        groups = [{'params': [p for p in self.parameters() if decay(p)], 'weight_decay': weight_decay},
+                  {'params': [p for p in self.parameters() if not decay(p)], 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
 
     @torch.no_grad()

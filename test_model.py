@@ -508,6 +508,19 @@ def test_weight_decay_falls_on_matrices_and_on_the_dynamics_only_when_asked(qk_d
             assert (id(p) in decayed) == (p.dim() >= 2), n
 
 
+def test_an_nn_linear_inside_a_q_k_module_is_decayed_with_qk_decay_and_its_bias_never():
+    # decay by role, not by name: a forker's layer in the q/k map is a matrix like W
+    for qk_decay in (False, True):
+        model = build('coupled', qk_decay=qk_decay)
+        for qk in qk_maps(model):
+            qk.mix = torch.nn.Linear(8, 8)
+        opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
+        decayed = {id(p) for g in opt.param_groups if g['weight_decay'] > 0 for p in g['params']}
+        for qk in qk_maps(model):
+            assert (id(qk.mix.weight) in decayed) == (id(qk.V.W) in decayed) == qk_decay
+            assert id(qk.mix.bias) not in decayed and id(qk.V.b) not in decayed and id(qk.dt) not in decayed
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the coupling diagnostic: how much of the q/k map is beyond what W_q, W_k could absorb
 
