@@ -207,23 +207,23 @@ class Invertible(nn.Module):
 
 
 # A q/k transform: its class, built as cls(n_head, head_size, width, steps, **args(config), w_std); its nets' width
-# from --qk_hidden m; its FLOPs per token and head, flops(hs, width, steps). A new variant is one entry (a new
-# integrator: one of INTEGRATORS too); --attn, the FLOP model and the tests read it
+# from --qk_hidden m; its FLOPs per token and head, flops(hs, width, steps) = (matmul, elementwise), the matmuls counted
+# by a test. A new variant is one entry (a new integrator: one of INTEGRATORS too); --attn and the tests read it
 QKTransform = namedtuple('QKTransform', 'cls args width flops')
-first_order = lambda hs, m, n: n * (4 * m * hs + 10 * m + 4 * hs)  # noqa: E731  n forces: W q, (.) W; silu'
+first_order = lambda hs, m, n: (n * 4 * m * hs, n * (10 * m + 4 * hs))  # noqa: E731  n forces: W q, (.) W; silu'
 QK_TRANSFORMS = Table({
     # the paper's method: leapfrog, n + 1 forces
     'coupled': QKTransform(Hamiltonian, lambda c: dict(integrator='leapfrog', dt=c.qk_dt), lambda m: m,
-                           lambda hs, m, n: (n + 1) * (4 * m * hs + 10 * m) + n * 6 * hs),
+                           lambda hs, m, n: ((n + 1) * 4 * m * hs, (n + 1) * 10 * m + n * 6 * hs)),
     'euler': QKTransform(Hamiltonian, lambda c: dict(integrator='euler', dt=c.qk_dt), lambda m: m, first_order),
     'symplectic-euler': QKTransform(Hamiltonian, lambda c: dict(integrator='symplectic-euler', dt=c.qk_dt),
                                     lambda m: m, first_order),
     # 4h hs + 2h + 1 parameters per head vs the potential's m hs + 2m + 1: h = m/4 matches coupled's budget
     'uncoupled': QKTransform(Uncoupled, lambda c: dict(dt=c.qk_dt), lambda m: max(1, m // 4),
-                             lambda hs, h, n: n * 2 * (4 * h * hs + 5 * h + 2 * hs)),
+                             lambda hs, h, n: (n * 8 * h * hs, n * 2 * (5 * h + 2 * hs))),
     # 6h hs + 2h per head: h = 0.4 m gives v2's "about 0.3%" at 60m (2.4x coupled's)
     'invertible': QKTransform(Invertible, lambda c: {}, lambda m: max(1, round(0.4 * m)),
-                              lambda hs, h, n: n * 2 * (6 * h * hs + 5 * h + 8 * hs)),
+                              lambda hs, h, n: (n * 12 * h * hs, n * 2 * (5 * h + 8 * hs))),
 })
 
 
@@ -488,6 +488,6 @@ def flops_per_token(config, T):
     matmul = 2 * (L * 12 * C * C + C * config.vocab_size)            # c_attn, c_proj, c_fc, mlp.c_proj; lm_head
     attend = L * 2 * T * C * (3 if config.attn.startswith('diff') else 2) / 2  # q k^T and (attention) v, causal half
     spec = QK_TRANSFORMS[config.qk_name] if config.qk_name else None  # an unknown name is an error, never 0 FLOPs
-    qk_flops = L * nh * spec.flops(hs, spec.width(config.qk_hidden), config.qk_steps) if spec else 0
+    qk_flops = L * nh * sum(spec.flops(hs, spec.width(config.qk_hidden), config.qk_steps)) if spec else 0
     return 3 * (matmul + attend + qk_flops)
 

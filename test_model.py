@@ -29,8 +29,8 @@ import torch.nn.functional as F
 
 import prepare_data
 import model as M
-from model import (INTEGRATORS, PRESETS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Invertible, KVCache, QKTransform,
-                   attn_names, flops_per_token, qk_diagnostics)
+from model import (INTEGRATORS, PRESETS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Integrator, Invertible, KVCache,
+                   QKTransform, attn_names, flops_per_token, qk_diagnostics)
 
 ATTN = attn_names()
 TRANSFORMS = [a for a in ATTN if a not in ('standard', 'diff')]  # variants with a q/k map
@@ -616,7 +616,7 @@ def test_every_table_entry_builds_its_declared_class_integrator_width_and_cost()
                 assert not hasattr(qk, 'dt') or torch.equal(qk.dt, torch.full((4,), 0.25)), attn  # --qk_dt reaches it
                 widths = {mlp.W.shape[1] for mlp in qk.modules() if isinstance(mlp, M.HeadMLP)}
                 assert widths == {spec.width(8)}, attn
-        assert spec.flops(64, spec.width(12), 1) > 0
+        assert all(f > 0 for f in spec.flops(64, spec.width(12), 1))
         assert flops_per_token(GPTConfig(attn=name, **cfg), 512) > base
 
 
@@ -656,6 +656,59 @@ def test_an_unknown_transform_is_an_error_in_the_flop_model_never_a_zero(monkeyp
         flops_per_token(cfg, 128)
     with pytest.raises(ValueError, match='euler'):
         GPTConfig(attn='euler')
+
+
+def counted_and_priced_matmul_flops(name, steps, B=2, T=3, nh=2, hs=8, m=12):
+    """The matmul FLOPs of one forward of name's q/k map, as torch counts them and as its table entry prices them."""
+    from torch.utils.flop_counter import FlopCounterMode
+    spec = QK_TRANSFORMS[name]
+    qk = M.qk_transform(name, nh, hs, tiny(name, qk_steps=steps, qk_hidden=m))
+    with FlopCounterMode(display=False) as counter:
+        qk(*torch.randn(2, B, nh, T, hs))
+    return counter.get_total_flops(), B * T * nh * spec.flops(hs, spec.width(m), steps)[0]
+
+
+@pytest.mark.parametrize('name', QK_TRANSFORMS)
+@pytest.mark.parametrize('steps', [1, 3])
+def test_every_entrys_price_is_what_torch_counts(name, steps):
+    counted, priced = counted_and_priced_matmul_flops(name, steps)
+    assert counted == priced > 0
+
+
+W1 = 1 / (2 - 2 ** (1 / 3))  # Yoshida's weights: three leapfrog steps of w1 dt, w0 dt, w1 dt make a 4th-order step
+W0 = -2 ** (1 / 3) * W1
+
+
+def yoshida(h, q, k, dt, kick=None):  # each leapfrog hands the next its last kick, rescaled: 3n + 1 forces
+    q, k, kick = M.leapfrog(h, q, k, W1 * dt, kick)
+    q, k, kick = M.leapfrog(h, q, k, W0 * dt, kick * (W0 / W1))
+    q, k, kick = M.leapfrog(h, q, k, W1 * dt, kick * (W1 / W0))
+    return q, k, kick
+
+
+def test_a_yoshida_integrator_added_through_the_tables_alone_trains_is_priced_and_is_fourth_order(monkeypatch):
+    # a forker's new integrator: one entry of INTEGRATORS, one of QK_TRANSFORMS, no edit of model.py
+    monkeypatch.setitem(INTEGRATORS, 'yoshida', Integrator(yoshida, symplectic=True, symmetric=True, order=4))
+    monkeypatch.setitem(QK_TRANSFORMS, 'yoshida', QKTransform(
+        Hamiltonian, lambda c: dict(integrator='yoshida', dt=c.qk_dt), lambda m: m,
+        lambda hs, m, n: ((3 * n + 1) * 4 * m * hs, (3 * n + 1) * 10 * m + n * 20 * hs)))
+    model = build('yoshida')
+    opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), 'cpu')
+    idx = idx_batch(B=4)
+    first = model(idx[:, :-1], targets=idx[:, 1:])[1].item()
+    for _ in range(8):
+        loss = model(idx[:, :-1], targets=idx[:, 1:])[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < first - 0.2
+    for steps in (1, 3):
+        counted, priced = counted_and_priced_matmul_flops('yoshida', steps)
+        assert counted == priced
+    cost = lambda attn: flops_per_token(GPTConfig(attn=attn, **PRESETS['60m']), 512) / flops_per_token(
+        GPTConfig(**PRESETS['60m']), 512) - 1
+    assert 0.009 < cost('yoshida') < 0.011 and 0.004 < cost('coupled') < 0.006  # +1.0% and +0.5% at 60m
+    assert 12 < check_promises('yoshida') < 20  # the pendulum's energy error falls ~16x per halving of dt
 
 
 def test_q_k_parameters_are_found_wherever_the_module_sits():
