@@ -1,8 +1,8 @@
 """
 A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped. Every attention
 variant behind one config field, `attn`: standard, diff (Differential Attention, Ye et al. 2024), or a q/k transform
-of the table QK_TRANSFORMS (coupled: the paper's leapfrog; euler; uncoupled; invertible: v2), alone or as diff+<it>.
-In order: config; the q/k transforms and their table; attention, block, GPT; KV cache; diagnostic; FLOP model.
+of the table QK_TRANSFORMS (coupled: the paper's leapfrog; ablations; invertible: v2), alone or as diff+<it>. In order:
+config; integrators, q/k transforms, their tables; rotary, attention, MLP, block, GPT; KV cache; diagnostic; FLOPs.
 """
 
 import math
@@ -30,11 +30,11 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False       # biases in Linears and LayerNorms (GPT-2: True)
     attn: str = 'standard'   # one of attn_names()
-    qk_steps: int = 1        # integration steps (coupled, euler) or repeats of the map (uncoupled, invertible)
-    qk_hidden: int = 12      # hidden width m of the potential V (0.11% at 60m); the table sets the others' from it
+    qk_steps: int = 1        # integration steps (the Hamiltonians) or repeats of the map (uncoupled, invertible)
+    qk_hidden: int = 12      # hidden width m of the potential V (+0.119% at 60m); the table sets the others' from it
     qk_scale: float = 2.0    # spread of the q/k nets' pre-activations at init, out of SiLU's straight range
     qk_dt: float = 0.1       # initial step size dt of every head's dynamics (learned per head)
-    qk_decay: bool = False   # weight decay on the q/k nets' weights too (an optimizer setting; it pulls toward linear)
+    qk_decay: bool = False   # weight decay on the q/k nets' matrices too (an optimizer setting; pulls toward linear)
     pos: str = 'learned'     # 'learned' absolute positions, or 'rope' (rotary, applied after the q/k dynamics)
 
     def __post_init__(self):
@@ -55,7 +55,7 @@ class GPTConfig:
               f"pos=rope needs an even head size, got n_embd/n_head = {self.n_embd // self.n_head}")
 
     @property
-    def qk(self):  # the q/k transform's name in QK_TRANSFORMS ('coupled' for 'diff+coupled'), '' for none
+    def qk_name(self):  # the q/k transform's name in QK_TRANSFORMS ('coupled' for 'diff+coupled'), '' for none
         return self.attn.removeprefix('diff').removeprefix('+').removeprefix('standard')
 
 
@@ -65,18 +65,18 @@ class GPTConfig:
 class HeadMLP(nn.Module):
     """A separate two-layer SiLU net per head: x (..., nh, N, d_in) -> a silu(W x + b), (..., nh, N, d_out)."""
 
-    def __init__(self, n_head, d_in, hidden, d_out, zero_out=False, in_std=None):
+    def __init__(self, n_head, d_in, hidden, d_out, zero_out=False, w_std=None):
         super().__init__()
-        self.W = nn.Parameter(torch.randn(n_head, hidden, d_in) * (in_std or 1 / math.sqrt(d_in)))  # (nh, m, d_in)
+        self.W = nn.Parameter(torch.randn(n_head, hidden, d_in) * (w_std or 1 / math.sqrt(d_in)))  # (nh, m, d_in)
         self.b = nn.Parameter(torch.zeros(n_head, 1, hidden))                                      # (nh, 1, m)
         self.a = nn.Parameter(torch.zeros(n_head, d_out, hidden) if zero_out                        # (nh, d_out, m)
                               else torch.randn(n_head, d_out, hidden) / math.sqrt(hidden))
 
-    def hidden(self, x):  # z = W x + b: (..., nh, N, d_in) @ (nh, d_in, m) -> (..., nh, N, m)
+    def pre(self, x):  # pre-activation z = W x + b: (..., nh, N, d_in) @ (nh, d_in, m) -> (..., nh, N, m)
         return x @ self.W.transpose(1, 2) + self.b
 
     def forward(self, x, scale=1.0):  # scale (e.g. a step size, (nh, 1, 1)) folded into the small a: cheap
-        return F.silu(self.hidden(x)) @ (scale * self.a).transpose(1, 2)
+        return F.silu(self.pre(x)) @ (scale * self.a).transpose(1, 2)
 
 
 def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
@@ -84,15 +84,48 @@ def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
     return s * (1 + z * (1 - s))
 
 
+# Integrators: a step (q, k) -> (q', k') of size dt for a Hamiltonian h, and what the next step may reuse
+
+def leapfrog(h, q, k, dt, kick=None):  # kick-drift-kick; the last kick is the next step's first: n + 1 forces
+    kick = h.force(q, dt / 2) if kick is None else kick
+    k = k + kick    # kick:  k += dt/2 F(q)
+    q = q + dt * k  # drift: q += dt k
+    kick = h.force(q, dt / 2)
+    k = k + kick    # kick:  k += dt/2 F(q)
+    return q, k, kick
+
+
+def euler(h, q, k, dt, kick):  # explicit Euler, both from the old state: q += dt k, k += dt F(q)
+    return q + dt * k, k + h.force(q, dt), None
+
+
+def symplectic_euler(h, q, k, dt, kick):
+    k = k + h.force(q, dt)  # kick:  k += dt F(q)
+    return q + dt * k, k, None  # drift: q += dt k (the new k)
+
+
+class Table(dict):  # an unknown name is an error, never a default
+    def __missing__(self, name):
+        raise ValueError(f"{name!r} is not in the table: {', '.join(self)}")
+
+
+# What each promises. symplectic: J^T Omega J = Omega; symmetric: -dt returns; order p: error ~ dt^p
+Integrator = namedtuple('Integrator', 'step symplectic symmetric order')
+INTEGRATORS = Table({
+    'leapfrog': Integrator(leapfrog, symplectic=True, symmetric=True, order=2),
+    'euler': Integrator(euler, symplectic=False, symmetric=False, order=1),
+    'symplectic-euler': Integrator(symplectic_euler, symplectic=True, symmetric=False, order=1),
+})
+
+
 class Hamiltonian(nn.Module):
     """Query = position, key = momentum: H(q, k) = 1/2 |k|^2 + V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head
-    (w_j: the rows of W). integrator 'leapfrog' (attn=coupled) or 'euler'; step size dt learned per head."""
+    (w_j: the rows of W), stepped by an INTEGRATORS entry with a step size dt learned per head."""
 
-    def __init__(self, n_head, head_size, hidden, steps, integrator='leapfrog', dt=0.1, in_std=None):
+    def __init__(self, n_head, head_size, hidden, steps, integrator='leapfrog', dt=0.1, w_std=None):
         super().__init__()
-        if integrator not in ('leapfrog', 'euler'):
-            raise ValueError(f"integrator={integrator!r}: Hamiltonian integrates with 'leapfrog' or 'euler'")
-        self.V = HeadMLP(n_head, head_size, hidden, 1, in_std=in_std)  # W (nh, m, hs), b (nh, 1, m), a (nh, 1, m)
+        INTEGRATORS[integrator]  # an unknown name fails here and at every call
+        self.V = HeadMLP(n_head, head_size, hidden, 1, w_std=w_std)  # W (nh, m, hs), b (nh, 1, m), a (nh, 1, m)
         self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
         self.steps, self.integrator = steps, integrator
 
@@ -101,37 +134,38 @@ class Hamiltonian(nn.Module):
 
     def force(self, q, scale=1.0):
         # scale * F(q), F(q) = -grad V(q) = -W^T (a * silu'(W q + b)), closed form: no autograd inside the forward.
-        # The scale (e.g. dt/2, shape (nh, 1, 1)) multiplies the m-wide hidden, not the hs-wide result: cheaper.
-        z = self.V.hidden(q)                                          # (..., nh, N, m)
+        # The scale (e.g. dt/2, (nh, 1, 1)) multiplies a, m numbers per head, not the (N, hs) result
+        z = self.V.pre(q)                                             # (..., nh, N, m)
         return (silu_grad(z) * (-scale * self.V.a)) @ self.V.W        # (..., nh, N, hs)
+
+    def step(self, q, k, dt, kick=None):  # a subclass may change it (return kick None if it moves q)
+        return INTEGRATORS[self.integrator].step(self, q, k, dt, kick)
 
     def forward(self, q, k, dt=None):
         B, nh, T, hs = q.shape
         dt = (self.dt if dt is None else dt).view(nh, 1, 1)
         # all tokens of a head as one matrix, (B, nh, T, hs) -> (nh, B*T, hs): the force is one batched matmul
         q, k = (x.transpose(0, 1).reshape(nh, B * T, hs) for x in (q, k))
+        kick = None
         for _ in range(self.steps):
-            if self.integrator == 'leapfrog':  # kick-drift-kick
-                k = k + self.force(q, dt / 2)     # kick:  k += dt/2 F(q)
-                q = q + dt * k                    # drift: q += dt k
-                k = k + self.force(q, dt / 2)     # kick:  k += dt/2 F(q)
-            else:  # explicit Euler, both updates from the old state
-                q, k = q + dt * k, k + self.force(q, dt)
+            q, k, kick = self.step(q, k, dt, kick)
         return tuple(x.view(nh, B, T, hs).transpose(0, 1) for x in (q, k))  # (B, nh, T, hs)
 
-    def inverse(self, q, k):
-        if self.integrator != 'leapfrog':
-            raise ValueError("only leapfrog is time-reversible (run with -dt to return); euler's inverse is implicit")
-        return self(q, k, dt=-self.dt)  # kick-drift-kick is symmetric: integrating with -dt returns
+    def inverse(self, q, k):  # a symmetric integrator returns with -dt; other steps need their own inverse
+        if not INTEGRATORS[self.integrator].symmetric:
+            raise ValueError(f"{self.integrator} is not symmetric: -dt does not return")
+        if type(self).step is not Hamiltonian.step or type(self).forward is not Hamiltonian.forward:
+            raise ValueError(f"{type(self).__name__} changes the step: give it its own inverse")
+        return self(q, k, dt=-self.dt)
 
 
 class Uncoupled(nn.Module):
     """Matched-capacity baseline: q += dt g_q(q), k += dt g_k(k); each stream sees only itself."""
 
-    def __init__(self, n_head, head_size, hidden, steps, integrator=None, dt=0.1, in_std=None):
+    def __init__(self, n_head, head_size, hidden, steps, dt=0.1, w_std=None):
         super().__init__()
-        self.g_q = HeadMLP(n_head, head_size, hidden, head_size, in_std=in_std)
-        self.g_k = HeadMLP(n_head, head_size, hidden, head_size, in_std=in_std)
+        self.g_q = HeadMLP(n_head, head_size, hidden, head_size, w_std=w_std)
+        self.g_k = HeadMLP(n_head, head_size, hidden, head_size, w_std=w_std)
         self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
         self.steps = steps
 
@@ -145,10 +179,10 @@ class Uncoupled(nn.Module):
 class Invertible(nn.Module):
     """RealNVP-style coupling of q and k, identity at init: k <- k exp(s1(q)) + t1(q); q <- q exp(s2(k)) + t2(k)."""
 
-    def __init__(self, n_head, head_size, hidden, steps, integrator=None, dt=None, in_std=None):  # starts at identity
+    def __init__(self, n_head, head_size, hidden, steps, w_std=None):
         super().__init__()
-        self.st1 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, in_std=in_std)  # q -> (s1, t1)
-        self.st2 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, in_std=in_std)  # k -> (s2, t2)
+        self.st1 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, w_std=w_std)  # q -> (s1, t1)
+        self.st2 = HeadMLP(n_head, head_size, hidden, 2 * head_size, zero_out=True, w_std=w_std)  # k -> (s2, t2)
         self.steps = steps
 
     @staticmethod
@@ -173,27 +207,25 @@ class Invertible(nn.Module):
         return q, k
 
 
-# A q/k transform: its class, built as cls(n_head, head_size, hidden, steps, integrator, dt, in_std); Hamiltonian's
-# integrator ('leapfrog' or 'euler', None for the others); its nets' hidden width from --qk_hidden m; and its forward
-# FLOPs per token and head, flops(hs, hidden, steps), for the FLOP model
-QKTransform = namedtuple('QKTransform', 'cls integrator hidden flops')
-force_flops = lambda hs, m: 4 * m * hs + 10 * m  # noqa: E731  W q, W^T (.), silu' elementwise
-
-# A new q/k transform is one entry here: --attn=<name> and --attn=diff+<name> build it, the FLOP model and the tests
-# read it, and the parameters of its class are the q/k parameters (the budget, --qk_decay).
-QK_TRANSFORMS = {
-    # the paper's method. A perfect leapfrog reuses the force at the step boundary: n+1 forces, not 2n
-    'coupled': QKTransform(Hamiltonian, 'leapfrog', lambda m: m,
-                           lambda hs, m, n: (n + 1) * force_flops(hs, m) + n * 6 * hs),
-    'euler': QKTransform(Hamiltonian, 'euler', lambda m: m,  # the same H, not symplectic
-                         lambda hs, m, n: n * (force_flops(hs, m) + 4 * hs)),
+# A q/k transform: its class, built as cls(n_head, head_size, width, steps, **args(config), w_std); its nets' width
+# from --qk_hidden m; its FLOPs per token and head, flops(hs, width, steps) = (matmul, elementwise), the matmuls counted
+# by a test. A new variant is one entry (a new integrator: one of INTEGRATORS too); --attn and the tests read it
+QKTransform = namedtuple('QKTransform', 'cls args width flops')
+first_order = lambda hs, m, n: (n * 4 * m * hs, n * (10 * m + 4 * hs))  # noqa: E731  n forces: W q, (.) W; silu'
+QK_TRANSFORMS = Table({
+    # the paper's method: leapfrog, n + 1 forces
+    'coupled': QKTransform(Hamiltonian, lambda c: dict(integrator='leapfrog', dt=c.qk_dt), lambda m: m,
+                           lambda hs, m, n: ((n + 1) * 4 * m * hs, (n + 1) * 10 * m + n * 6 * hs)),
+    'euler': QKTransform(Hamiltonian, lambda c: dict(integrator='euler', dt=c.qk_dt), lambda m: m, first_order),
+    'symplectic-euler': QKTransform(Hamiltonian, lambda c: dict(integrator='symplectic-euler', dt=c.qk_dt),
+                                    lambda m: m, first_order),
     # 4h hs + 2h + 1 parameters per head vs the potential's m hs + 2m + 1: h = m/4 matches coupled's budget
-    'uncoupled': QKTransform(Uncoupled, None, lambda m: max(1, m // 4),
-                             lambda hs, h, n: n * 2 * (4 * h * hs + 5 * h + 2 * hs)),
+    'uncoupled': QKTransform(Uncoupled, lambda c: dict(dt=c.qk_dt), lambda m: max(1, m // 4),
+                             lambda hs, h, n: (n * 8 * h * hs, n * 2 * (5 * h + 2 * hs))),
     # 6h hs + 2h per head: h = 0.4 m gives v2's "about 0.3%" at 60m (2.4x coupled's)
-    'invertible': QKTransform(Invertible, None, lambda m: max(1, round(0.4 * m)),
-                              lambda hs, h, n: n * 2 * (6 * h * hs + 5 * h + 8 * hs)),
-}
+    'invertible': QKTransform(Invertible, lambda c: {}, lambda m: max(1, round(0.4 * m)),
+                              lambda hs, h, n: (n * 12 * h * hs, n * 2 * (5 * h + 8 * hs))),
+})
 
 
 def attn_names():  # every --attn value, read from the table when asked (so an entry added at run time counts)
@@ -202,12 +234,11 @@ def attn_names():  # every --attn value, read from the table when asked (so an e
 
 def qk_transform(name, n_head, head_size, config):
     # The q/k map of one layer; n_head counts the (sub-)heads that own a q, k pair. q, k entries start with spread
-    # 0.02 sqrt(n_embd) (LayerNorm'd x through c_attn at std 0.02): a first layer of std qk_scale / (0.02 sqrt(n_embd
-    # hs)) gives pre-activations w . q of spread qk_scale at initialization
+    # 0.02 sqrt(n_embd) (LayerNorm'd x through c_attn at std 0.02): W of std qk_scale / (0.02 sqrt(n_embd hs)) gives
+    # pre-activations w . q of spread qk_scale
     spec = QK_TRANSFORMS[name]
-    in_std = config.qk_scale / (0.02 * math.sqrt(config.n_embd * head_size)) if config.qk_scale > 0 else None
-    return spec.cls(n_head, head_size, spec.hidden(config.qk_hidden), config.qk_steps, integrator=spec.integrator,
-                    dt=config.qk_dt, in_std=in_std)
+    w_std = config.qk_scale / (0.02 * math.sqrt(config.n_embd * head_size)) if config.qk_scale > 0 else None
+    return spec.cls(n_head, head_size, spec.width(config.qk_hidden), config.qk_steps, **spec.args(config), w_std=w_std)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -240,7 +271,7 @@ class CausalSelfAttention(nn.Module):
         self.head_size, self.diff = config.n_embd // config.n_head, config.attn.startswith('diff')
         self.n_v_head = config.n_head // 2 if self.diff else config.n_head  # diff: one v per pair of sub-heads
         # the q/k map over every q, k pair: n_head heads, or for diff n_head sub-heads (two per differential head)
-        self.qk = qk_transform(config.qk, config.n_head, self.head_size, config) if config.qk else None
+        self.qk = qk_transform(config.qk_name, config.n_head, self.head_size, config) if config.qk_name else None
         self.rotary = Rotary(self.head_size, config.block_size) if config.pos == 'rope' else None
         if self.diff:  # reference: microsoft/unilm Diff-Transformer multihead_diffattn.py
             self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
@@ -335,8 +366,7 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def qk_parameters(self):
-        # what coupling adds to an attention variant: the parameters of every module whose class is a q/k transform
-        # of the table, wherever it sits in the model
+        # what coupling adds: the parameters of every module whose class is in QK_TRANSFORMS, wherever it sits
         classes = tuple(spec.cls for spec in QK_TRANSFORMS.values())
         return list({id(p): p for m in self.modules() if isinstance(m, classes) for p in m.parameters()}.values())
 
@@ -369,16 +399,13 @@ class GPT(nn.Module):
         return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        # weight decay on the matrices of Linear and Embedding, and with config.qk_decay on the q/k nets' weights
-        # W, a; never on biases, gains, step sizes dt or diff's lambda vectors
-        qk = {id(p) for p in self.qk_parameters()}
-        decay, no_decay = [], []
-        for n, p in self.named_parameters():
-            if id(p) in qk:
-                (decay if self.config.qk_decay and n.endswith(('.W', '.a')) else no_decay).append(p)
-            else:
-                (decay if p.dim() >= 2 else no_decay).append(p)
-        groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
+        # decay by role: matrices (dim >= 2; the q/k maps' only with config.qk_decay, whatever their names), never
+        # vectors (biases, HeadMLP's b (nh, 1, m) too, gains, diff's lambdas) or step sizes dt
+        qk_ids = {id(p) for p in self.qk_parameters()}
+        vectors = {id(m.b) for m in self.modules() if isinstance(m, HeadMLP)}
+        decay = lambda p: p.dim() >= 2 and id(p) not in vectors and (self.config.qk_decay or id(p) not in qk_ids)
+        groups = [{'params': [p for p in self.parameters() if decay(p)], 'weight_decay': weight_decay},
+                  {'params': [p for p in self.parameters() if not decay(p)], 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
 
     @torch.no_grad()
@@ -470,13 +497,9 @@ def flops_per_token(config, T):
     C, L, nh, hs = config.n_embd, config.n_layer, config.n_head, config.n_embd // config.n_head
     matmul = 2 * (L * 12 * C * C + C * config.vocab_size)            # c_attn, c_proj, c_fc, mlp.c_proj; lm_head
     attend = L * 2 * T * C * (3 if config.attn.startswith('diff') else 2) / 2  # q k^T and (attention) v, causal half
-    qk = 0
-    if config.qk:
-        if config.qk not in QK_TRANSFORMS:
-            raise ValueError(f"the FLOP model has no q/k transform {config.qk!r}; add it to QK_TRANSFORMS")
-        spec = QK_TRANSFORMS[config.qk]
-        qk = L * nh * spec.flops(hs, spec.hidden(config.qk_hidden), config.qk_steps)
-    return 3 * (matmul + attend + qk)
+    spec = QK_TRANSFORMS[config.qk_name] if config.qk_name else None  # an unknown name is an error, never 0 FLOPs
+    qk_flops = L * nh * sum(spec.flops(hs, spec.width(config.qk_hidden), config.qk_steps)) if spec else 0
+    return 3 * (matmul + attend + qk_flops)
 
 
 # dense bf16 peak FLOP/s (NVIDIA datasheets, without sparsity), for MFU; the first match of the device name wins

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 import bench
 import prepare_data
 import model as M
-from model import (PRESETS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Invertible, KVCache, QKTransform, attn_names,
-                   flops_per_token, qk_diagnostics)
+from model import (INTEGRATORS, PRESETS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Integrator, Invertible, KVCache,
+                   QKTransform, attn_names, flops_per_token, qk_diagnostics)
 
 ATTN = attn_names()
 TRANSFORMS = [a for a in ATTN if a not in ('standard', 'diff')]  # variants with a q/k map
@@ -153,9 +153,9 @@ def test_zero_step_or_identity_is_exactly_the_base_attention(attn):
 # ---------------------------------------------------------------------------------------------------------------
 # the Hamiltonian dynamics, on their own: tensors shaped (B, n_head, T, head_dim)
 
-def hamiltonian(integrator, steps=1, hs=8, nh=3, seed=0):
+def hamiltonian(integrator, steps=1, hs=8, nh=3, seed=0, cls=Hamiltonian):
     torch.manual_seed(seed)
-    h = Hamiltonian(nh, hs, 6, steps, integrator).double()
+    h = cls(nh, hs, 6, steps, integrator).double()
     with torch.no_grad():
         h.dt.copy_(torch.tensor([0.3, -0.5, 0.8][:nh], dtype=torch.float64))
         h.V.a.mul_(3.0)  # a strong potential, so the force matters
@@ -176,7 +176,7 @@ def test_closed_form_force_equals_autograd_gradient_of_potential():
     (grad,) = torch.autograd.grad(h.V(q).sum(), q)  # V(q), summed over tokens
     assert torch.allclose(h.force(q), -grad, atol=1e-12)
     assert grad.abs().max() > 1e-2
-    scale = h.dt.view(-1, 1, 1)  # the integrators fold dt into the force's hidden layer: same as scaling after
+    scale = h.dt.view(-1, 1, 1)  # the integrators fold dt into the potential's a: same as scaling after
     assert torch.allclose(h.force(q, scale), scale * h.force(q), atol=1e-12)
 
 
@@ -254,6 +254,119 @@ def test_leapfrog_energy_drift_is_small_and_euler_drifts():
     e0 = leap.energy(q, k)
     drift = lambda h: (h.energy(*h(q, k)) - e0).abs().mean().item()
     assert drift(leap) < 0.1 * drift(euler)
+
+
+def symplectic_error(h, hs=4, seed=3):  # |J^T Omega J - Omega| for one token, Omega = [[0, I], [-I, 0]]
+    omega = torch.zeros(2 * hs, 2 * hs, dtype=torch.float64)
+    omega[:hs, hs:], omega[hs:, :hs] = torch.eye(hs), -torch.eye(hs)
+    J = jacobian(h, hs, seed)
+    return (J.T @ omega @ J - omega).abs().max().item()
+
+
+class Pendulum(Hamiltonian):  # exercise 1's: V(q) = -cos(q), F(q) = -sin(q)
+    def force(self, q, scale=1.0):
+        return -scale * torch.sin(q)
+
+
+def pendulum_energy_error(integrator, dt):
+    """The largest |H - H0| from rest at q = 1 to time 20, one call per step of dt."""
+    h = Pendulum(1, 1, 1, 1, integrator, dt=dt).double()
+    q, k = torch.ones(1, 1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, 1, 1, dtype=torch.float64)
+    energy = lambda q, k: 0.5 * k.item() ** 2 - math.cos(q.item())
+    e0, worst = energy(q, k), 0.0
+    with torch.no_grad():
+        for _ in range(round(20 / dt)):
+            q, k = h(q, k)
+            worst = max(worst, abs(energy(q, k) - e0))
+    return worst
+
+
+def check_promises(name):
+    """What INTEGRATORS[name] declares, measured: symplectic, symmetric (-dt returns, inverse), order (pendulum)."""
+    spec = INTEGRATORS[name]
+    h = hamiltonian(name, 2, hs=4, nh=1)
+    assert (max(symplectic_error(h, seed=s) for s in (3, 4)) < 1e-12) == spec.symplectic, name
+    q, k = qk_pair(nh=1, hs=4)
+    q0, k0 = h(*h(q, k), dt=-h.dt)
+    assert ((q0 - q).abs().max() < 1e-10 and (k0 - k).abs().max() < 1e-10) == spec.symmetric, name
+    if spec.symmetric:
+        assert torch.allclose(h.inverse(*h(q, k))[0], q, atol=1e-10)
+    else:
+        with pytest.raises(ValueError, match='symmetric'):
+            h.inverse(q, k)
+    ratio = pendulum_energy_error(name, 0.1) / pendulum_energy_error(name, 0.05)
+    assert 0.7 * 2 ** spec.order < ratio < 1.4 * 2 ** spec.order, (name, ratio)  # error ~ dt^order
+    return ratio
+
+
+@pytest.mark.parametrize('name', INTEGRATORS)
+def test_each_integrator_keeps_what_its_entry_promises(name):
+    # symplectic-euler (kick, then drift) is symplectic like leapfrog but, unlike it, first order and not symmetric
+    check_promises(name)
+
+
+def test_leapfrog_reuses_the_force_at_each_step_boundary_and_equals_kick_drift_kick():
+    calls = []
+
+    class Counted(Hamiltonian):
+        def force(self, q, scale=1.0):
+            calls.append(1)
+            return super().force(q, scale)
+    h = hamiltonian('leapfrog', 3, cls=Counted)
+    q, k = qk_pair()
+    q1, k1 = h(q, k)
+    assert len(calls) == 3 + 1  # n + 1 forces, as the FLOP model says (not 2n)
+    dt = h.dt.view(-1, 1, 1)
+    q, k = (x.transpose(0, 1).reshape(3, -1, 8) for x in (q, k))
+    for _ in range(3):  # kick-drift-kick, each force computed afresh: the same numbers, bit for bit
+        k = k + h.force(q, dt / 2)
+        q = q + dt * k
+        k = k + h.force(q, dt / 2)
+    q1, k1 = (x.transpose(0, 1).reshape(3, -1, 8) for x in (q1, k1))
+    assert torch.equal(q1, q) and torch.equal(k1, k)
+
+
+def test_an_unknown_integrator_is_an_error_at_construction_and_at_call():
+    with pytest.raises(ValueError, match='leapfrog'):  # the message lists the names
+        Hamiltonian(2, 4, 3, 1, 'yoshida')
+    h = hamiltonian('leapfrog')
+    h.integrator = 'yoshida'  # set after construction: an error, not a silent fallback to Euler
+    with pytest.raises(ValueError, match='yoshida'):
+        h(*qk_pair())
+    with pytest.raises(ValueError, match='yoshida'):
+        h.inverse(*qk_pair())
+
+
+class Damped(Hamiltonian):  # a forker's change of the step: k <- (1 - gamma) k after each leapfrog step, gamma 0.2
+    def step(self, q, k, dt, kick=None):
+        q, k, kick = super().step(q, k, dt, kick)
+        return q, 0.8 * k, kick
+
+
+def test_an_overridden_step_is_taken_at_every_one_of_qk_steps():
+    damped, one = hamiltonian('leapfrog', 3, cls=Damped), hamiltonian('leapfrog', 1)
+    q, k = qk_pair()
+    q1, k1 = damped(q, k)
+    for _ in range(3):  # the intended map, written out: a step, then the damping, three times
+        q, k = one(q, k)
+        k = 0.8 * k
+    assert torch.allclose(q1, q, atol=1e-12, rtol=0) and torch.allclose(k1, k, atol=1e-12, rtol=0)
+    assert not torch.allclose(q1, hamiltonian('leapfrog', 3)(*qk_pair())[0], atol=1e-3)
+
+
+def test_the_inherited_inverse_of_a_changed_step_refuses_instead_of_undoing_another_map():
+    q, k = qk_pair()
+    with pytest.raises(ValueError, match='Damped'):
+        hamiltonian('leapfrog', 3, cls=Damped).inverse(q, k)
+
+    class DampedForward(Hamiltonian):  # the same change written in forward
+        def forward(self, q, k, dt=None):
+            q, k = super().forward(q, k, dt)
+            return q, 0.8 * k
+    with pytest.raises(ValueError, match='DampedForward'):
+        hamiltonian('leapfrog', 1, cls=DampedForward).inverse(q, k)
+    pendulum = hamiltonian('leapfrog', 3, cls=Pendulum)  # a changed force keeps leapfrog's step: its inverse holds
+    assert torch.allclose(pendulum.inverse(*pendulum(q, k))[0], q, atol=1e-10)
 
 
 @pytest.mark.parametrize('steps', [1, 2])
@@ -396,6 +509,19 @@ def test_weight_decay_falls_on_matrices_and_on_the_dynamics_only_when_asked(qk_d
             assert (id(p) in decayed) == (p.dim() >= 2), n
 
 
+def test_an_nn_linear_inside_a_q_k_module_is_decayed_with_qk_decay_and_its_bias_never():
+    # decay by role, not by name: a forker's layer in the q/k map is a matrix like W
+    for qk_decay in (False, True):
+        model = build('coupled', qk_decay=qk_decay)
+        for qk in qk_maps(model):
+            qk.mix = torch.nn.Linear(8, 8)
+        opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
+        decayed = {id(p) for g in opt.param_groups if g['weight_decay'] > 0 for p in g['params']}
+        for qk in qk_maps(model):
+            assert (id(qk.mix.weight) in decayed) == (id(qk.V.W) in decayed) == qk_decay
+            assert id(qk.mix.bias) not in decayed and id(qk.V.b) not in decayed and id(qk.dt) not in decayed
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the coupling diagnostic: how much of the q/k map is beyond what W_q, W_k could absorb
 
@@ -439,7 +565,7 @@ def test_qk_scale_sets_the_spread_of_the_potentials_pre_activations():
     cfg = tiny('coupled', qk_scale=2.0)
     model = GPT(cfg, verbose=False)
     q = 0.02 * math.sqrt(cfg.n_embd) * torch.randn(1, 4, 4096, 8)  # q's spread at initialization
-    z = model.transformer.h[0].attn.qk.V.hidden(q)
+    z = model.transformer.h[0].attn.qk.V.pre(q)
     assert 1.8 < z.std().item() < 2.2
 
 
@@ -484,19 +610,22 @@ def test_every_table_entry_builds_its_declared_class_integrator_width_and_cost()
     base = flops_per_token(GPTConfig(**cfg), 512)
     for name, spec in QK_TRANSFORMS.items():
         for attn in (name, 'diff+' + name):
-            model = build(attn, qk_hidden=8)
+            model = build(attn, qk_hidden=8, qk_dt=0.25)
             for qk in qk_maps(model):
-                assert type(qk) is spec.cls and getattr(qk, 'integrator', None) == spec.integrator, attn
+                assert type(qk) is spec.cls and getattr(qk, 'integrator', None) == spec.args(model.config).get(
+                    'integrator'), attn
+                assert not hasattr(qk, 'dt') or torch.equal(qk.dt, torch.full((4,), 0.25)), attn  # --qk_dt reaches it
                 widths = {mlp.W.shape[1] for mlp in qk.modules() if isinstance(mlp, M.HeadMLP)}
-                assert widths == {spec.hidden(8)}, attn
-        assert spec.flops(64, spec.hidden(12), 1) > 0
+                assert widths == {spec.width(8)}, attn
+        assert all(f > 0 for f in spec.flops(64, spec.width(12), 1))
         assert flops_per_token(GPTConfig(attn=name, **cfg), 512) > base
 
 
 def test_a_transform_added_to_the_table_alone_trains_is_costed_and_keeps_its_integrator(monkeypatch):
     # a forker's new variant: another leapfrog potential, twice as wide; nothing but the table entry
-    monkeypatch.setitem(QK_TRANSFORMS, 'wide-leapfrog', QKTransform(Hamiltonian, 'leapfrog', lambda m: 2 * m,
-                                                                    QK_TRANSFORMS['coupled'].flops))
+    coupled = QK_TRANSFORMS['coupled']
+    monkeypatch.setitem(QK_TRANSFORMS, 'wide-leapfrog', QKTransform(Hamiltonian, coupled.args, lambda m: 2 * m,
+                                                                    coupled.flops))
     assert 'wide-leapfrog' in attn_names() and 'diff+wide-leapfrog' in attn_names()
     for attn in ('wide-leapfrog', 'diff+wide-leapfrog'):
         m = build(attn)
@@ -515,8 +644,8 @@ def test_a_transform_added_to_the_table_alone_trains_is_costed_and_keeps_its_int
     cfg = GPTConfig(attn='wide-leapfrog', **PRESETS['60m'])
     assert flops_per_token(cfg, 512) > flops_per_token(GPTConfig(attn='coupled', **PRESETS['60m']), 512)
     r = run('-c', "import model, bench; from model import *; "
-            "model.QK_TRANSFORMS['wide-leapfrog'] = QKTransform(Hamiltonian, 'leapfrog', lambda m: 2 * m, "
-            "QK_TRANSFORMS['coupled'].flops); "
+            "c = QK_TRANSFORMS['coupled']; "
+            "model.QK_TRANSFORMS['wide-leapfrog'] = QKTransform(Hamiltonian, c.args, lambda m: 2 * m, c.flops); "
             "print(bench.flop_ratio(GPTConfig(attn='wide-leapfrog', **PRESETS['60m']), 512))")
     assert r.returncode == 0 and 1.0 < float(r.stdout) < 1.05, r.stderr  # bench's FLOP model tabulates it
 
@@ -528,6 +657,59 @@ def test_an_unknown_transform_is_an_error_in_the_flop_model_never_a_zero(monkeyp
         flops_per_token(cfg, 128)
     with pytest.raises(ValueError, match='euler'):
         GPTConfig(attn='euler')
+
+
+def counted_and_priced_matmul_flops(name, steps, B=2, T=3, nh=2, hs=8, m=12):
+    """The matmul FLOPs of one forward of name's q/k map, as torch counts them and as its table entry prices them."""
+    from torch.utils.flop_counter import FlopCounterMode
+    spec = QK_TRANSFORMS[name]
+    qk = M.qk_transform(name, nh, hs, tiny(name, qk_steps=steps, qk_hidden=m))
+    with FlopCounterMode(display=False) as counter:
+        qk(*torch.randn(2, B, nh, T, hs))
+    return counter.get_total_flops(), B * T * nh * spec.flops(hs, spec.width(m), steps)[0]
+
+
+@pytest.mark.parametrize('name', QK_TRANSFORMS)
+@pytest.mark.parametrize('steps', [1, 3])
+def test_every_entrys_price_is_what_torch_counts(name, steps):
+    counted, priced = counted_and_priced_matmul_flops(name, steps)
+    assert counted == priced > 0
+
+
+W1 = 1 / (2 - 2 ** (1 / 3))  # Yoshida's weights: three leapfrog steps of w1 dt, w0 dt, w1 dt make a 4th-order step
+W0 = -2 ** (1 / 3) * W1
+
+
+def yoshida(h, q, k, dt, kick=None):  # each leapfrog hands the next its last kick, rescaled: 3n + 1 forces
+    q, k, kick = M.leapfrog(h, q, k, W1 * dt, kick)
+    q, k, kick = M.leapfrog(h, q, k, W0 * dt, kick * (W0 / W1))
+    q, k, kick = M.leapfrog(h, q, k, W1 * dt, kick * (W1 / W0))
+    return q, k, kick
+
+
+def test_a_yoshida_integrator_added_through_the_tables_alone_trains_is_priced_and_is_fourth_order(monkeypatch):
+    # a forker's new integrator: one entry of INTEGRATORS, one of QK_TRANSFORMS, no edit of model.py
+    monkeypatch.setitem(INTEGRATORS, 'yoshida', Integrator(yoshida, symplectic=True, symmetric=True, order=4))
+    monkeypatch.setitem(QK_TRANSFORMS, 'yoshida', QKTransform(
+        Hamiltonian, lambda c: dict(integrator='yoshida', dt=c.qk_dt), lambda m: m,
+        lambda hs, m, n: ((3 * n + 1) * 4 * m * hs, (3 * n + 1) * 10 * m + n * 20 * hs)))
+    model = build('yoshida')
+    opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), 'cpu')
+    idx = idx_batch(B=4)
+    first = model(idx[:, :-1], targets=idx[:, 1:])[1].item()
+    for _ in range(8):
+        loss = model(idx[:, :-1], targets=idx[:, 1:])[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < first - 0.2
+    for steps in (1, 3):
+        counted, priced = counted_and_priced_matmul_flops('yoshida', steps)
+        assert counted == priced
+    cost = lambda attn: flops_per_token(GPTConfig(attn=attn, **PRESETS['60m']), 512) / flops_per_token(
+        GPTConfig(**PRESETS['60m']), 512) - 1
+    assert 0.009 < cost('yoshida') < 0.011 and 0.004 < cost('coupled') < 0.006  # +1.0% and +0.5% at 60m
+    assert 12 < check_promises('yoshida') < 20  # the pendulum's energy error falls ~16x per halving of dt
 
 
 def test_q_k_parameters_are_found_wherever_the_module_sits():
