@@ -6,16 +6,17 @@ user runs them: prepare_data.py, train.py (resume, evaluation, bad input, DDP, c
 README's classroom exercises.
 Run: python -m pytest -q
 """
+import contextlib
 import dataclasses
 import gzip
 import hashlib
 import http.server
+import io
 import json
 import math
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -1635,7 +1636,7 @@ def printed(classroom, corpus):
 
 def test_every_exercise_states_its_cost_asks_and_answers_and_the_lab_is_laid_out():
     section, numbered = readme_section('Classroom exercises'), exercises()
-    assert len(numbered) >= 5 and list(numbered) == list(range(1, len(numbered) + 1))
+    assert len(numbered) >= 6 and list(numbered) == list(range(1, len(numbered) + 1))
     costs = [re.search(r'\((no training|one run|two runs|several runs)', title + body) for title, body in
              numbered.values()]
     assert all(costs) and sum(c.group(1) == 'no training' for c in costs) >= 4
@@ -1643,12 +1644,16 @@ def test_every_exercise_states_its_cost_asks_and_answers_and_the_lab_is_laid_out
     fold = r'<details><summary>{}.*?</summary>\n\n.{{100,}}?</details>'
     for title, body in numbered.values():  # a worked answer, or where students train, how to judge theirs
         assert re.search(fold.format('For the lecturer' if 'several runs' in title else 'Answer'), body, re.S), title
+    assert re.search(r'\n\*\*Discussion\.\*\* .*?\?\n\n' + fold.format('For the lecturer'), section, re.S)
     assert sum(bool(re.search(r'\*Predict\s+first\*', body)) for _, body in numbered.values()) >= 5
-    assert len(EXERCISES) == len(numbered)  # one snippet each
+    assert len(EXERCISES) == len(numbered) - 1  # one snippet each, exercise 6's goes into model.py
     lab = section.split('\n**1. ')[0]  # the opening: start the long run first, then the time each exercise takes
     assert 'Start the quick start now' in lab and 'Minutes:' in lab
     readme = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
     assert readme.index('\n## Glossary\n') < readme.index('\n## Classroom exercises\n')  # words before their use
+    # exercise 6 trains in the results' protocol, so its rows compare with the table's
+    protocol = lambda text: re.search(r'\nP="(.*?)"\n', text).group(1)
+    assert protocol(numbered[6][1]) == protocol(readme_section('Results at laptop scale'))
 
 
 def test_readme_is_a_page_a_newcomer_reads_and_its_pictures_exist():
@@ -1862,3 +1867,30 @@ def test_exercise_5_prints_what_its_look_for_reads(printed):
     assert len(layers) >= 2 and len(heads) >= 2
     line = re.search(r'\non: (.*)\n', out).group(1)
     assert len(line.encode()) == 48 and '\n' not in line  # one line of the validation text, named by Look for
+
+
+def test_exercise_6_an_integrator_of_ones_own_is_checked_and_trains(monkeypatch):
+    # the open-ended exercise as written: its addition to model.py (a copy of leapfrog), run in model's namespace as
+    # if appended to the file, then exercise 1's harness on it and a few training steps of --attn=mine
+    if not hasattr(M, 'INTEGRATORS'):
+        pytest.skip('needs the integrator table (INTEGRATORS) in model.py')
+    for table in ('INTEGRATORS', 'QK_TRANSFORMS'):  # copies: the entries go away after this test
+        monkeypatch.setattr(M, table, type(getattr(M, table))(getattr(M, table)))
+    exec(snippet(exercises()[6][1]), dict(vars(M)))
+    pendulum = snippet(exercises()[1][1]).replace("for name in ('leapfrog', 'euler'):", "for name in ('mine',):")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(pendulum.split('try:')[0], {'__name__': '__main__'})  # the harness, not the picture
+    e = dict(re.findall(r'mine +dt=([\d.]+): largest energy error (\S+)', out.getvalue()))
+    assert 3.5 < float(e['0.1']) / float(e['0.05']) < 4.5  # as leapfrog's: order 2
+    model = build('mine')
+    opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), 'cpu')
+    idx = idx_batch(B=4)
+    losses = []
+    for _ in range(6):
+        loss = model(idx[:, :-1], targets=idx[:, 1:])[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] and flops_per_token(tiny('mine'), 16) > flops_per_token(tiny('standard'), 16)
