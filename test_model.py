@@ -998,13 +998,51 @@ def test_a_named_corpus_from_the_wrong_file_is_refused_in_one_line(tmp_path, nam
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# train.py
+# train.py. Most checks run several invocations in one Python process (scripts()): each exactly as `python train.py
+# ...` runs (its own argv, fresh globals, its own stdout and stderr), but torch is imported once. Ctrl-C, locks, DDP,
+# a full disk and compile get processes of their own.
 
 SMALL = ['--n_layer=2', '--batch_size=4', '--block_size=32', '--eval_iters=2', '--log_interval=1']
 
+DRIVER = r"""
+import builtins, contextlib, io, json, os, runpy, signal, sys, traceback
+results, opened, _open = [], [], open
+builtins.open = lambda *a, **k: opened.append(_open(*a, **k)) or opened[-1]  # what a run opens
+for script, argv in json.loads(sys.argv[1]):
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    sys.argv, sys.path[0] = [script] + argv, os.path.dirname(os.path.abspath(script))  # as `python script` does
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name='__main__')
+        except SystemExit as e:  # as the interpreter does: an int is the exit code, a string goes to stderr
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else print(e.code, file=sys.stderr) or 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    while opened:  # what it left open (its out_dir's lock) closes, as at its exit
+        opened.pop().close()
+    results.append([code, out.getvalue(), err.getvalue()])
+print('\n' + json.dumps(results))
+"""
 
-def train(corpus, out_dir, *args, timeout=240, **kw):
+
+def scripts(*calls, patch='', cwd=HERE, env=None, timeout=600):
+    """Run calls (script, arg, ...) one after another in one Python process, after the python code `patch`; return
+    a CompletedProcess for each."""
+    env = dict(os.environ, OMP_NUM_THREADS='1', **(env or {}))
+    r = subprocess.run([sys.executable, '-c', patch + DRIVER, json.dumps([[c[0], list(map(str, c[1:]))] for c in calls])],
+                       cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr[-3000:]
+    return [subprocess.CompletedProcess(c, *x) for c, x in zip(calls, json.loads(r.stdout.strip().splitlines()[-1]))]
+
+
+def train(corpus, out_dir, *args, timeout=240, **kw):  # one train.py in a process of its own
     return run('train.py', f'--data_dir={corpus}', f'--out_dir={out_dir}', *SMALL, *args, timeout=timeout, **kw)
+
+
+def trains(corpus, out_dir, *args):  # train.py's arguments for scripts()
+    return ('train.py', f'--data_dir={corpus}', f'--out_dir={out_dir}', *SMALL, *args)
 
 
 def metrics(out_dir):
@@ -1015,9 +1053,9 @@ def test_resume_continues_and_reproduces_the_uninterrupted_run(corpus, tmp_path)
     common = ['--max_iters=12', '--lr_decay_iters=12', '--warmup_iters=2', '--eval_interval=6', '--attn=coupled',
               '--dropout=0.1']
     a, b = tmp_path / 'a', tmp_path / 'b'
-    assert train(corpus, a, *common).returncode == 0
-    assert train(corpus, b, *common, '--max_iters=6').returncode == 0  # "interrupted" after 6 iterations
-    r = train(corpus, b, *common, '--init_from=resume')
+    ra, rb, r = scripts(trains(corpus, a, *common), trains(corpus, b, *common, '--max_iters=6'),  # "interrupted"
+                        trains(corpus, b, *common, '--init_from=resume'))
+    assert ra.returncode == rb.returncode == 0, ra.stderr + rb.stderr
     assert r.returncode == 0 and 'resuming' in r.stdout and 'at iteration 6' in r.stdout
     trained = lambda d: {m['iter']: m['loss'] for m in metrics(d) if m['event'] == 'train'}
     ta, tb = trained(a), trained(b)
@@ -1025,10 +1063,13 @@ def test_resume_continues_and_reproduces_the_uninterrupted_run(corpus, tmp_path)
     assert all(tb[i] == pytest.approx(ta[i], abs=1e-6) for i in range(7, 13))
     evals = lambda d: [m['iter'] for m in metrics(d) if m['event'] == 'eval']
     assert evals(b) == evals(a) == [0, 6, 12]  # the log holds each eval once, in order
-    final = lambda d: [m for m in metrics(d) if m['event'] == 'final'][-1]['val_loss']
-    assert final(b) == pytest.approx(final(a), abs=1e-6)
+    final = lambda d: [m for m in metrics(d) if m['event'] == 'final'][-1]
+    assert final(b)['val_loss'] == pytest.approx(final(a)['val_loss'], abs=1e-6)
+    assert final(b)['tokens'] == final(a)['tokens'] == 12 * 4 * 32  # tokens trained, across the resume
+    assert [m['event'] for m in metrics(b)].count('final') == 2  # the 6-iteration run's result was kept
     ckpt = torch.load(b / 'ckpt.pt', weights_only=True)
-    assert ckpt['iter_num'] == 12 and not any(k.startswith('_orig_mod.') for k in ckpt['model'])
+    assert ckpt['iter_num'] == 12 and ckpt['tokens'] == 12 * 4 * 32
+    assert not any(k.startswith('_orig_mod.') for k in ckpt['model'])
 
 
 def test_resume_and_eval_take_every_setting_from_the_checkpoint(corpus, tmp_path):
@@ -1038,33 +1079,25 @@ def test_resume_and_eval_take_every_setting_from_the_checkpoint(corpus, tmp_path
     src.write_text(TEXT * 10)
     prepare_data.prepare(None, input=str(src), data_dir=str(other))
     out = tmp_path / 'run'
-    r = run('train.py', f'--data_dir={other}', '--dataset=play', f'--out_dir={out}', '--n_layer=1', '--n_embd=48',
-            '--n_head=3', '--block_size=40', '--batch_size=3', '--max_iters=4', '--eval_interval=2', '--eval_iters=1')
-    assert r.returncode == 0, r.stderr
-    r = run('train.py', f'--out_dir={out}', '--init_from=resume', '--max_iters=6')
-    assert r.returncode == 0, r.stderr
-    assert 'at iteration 4' in r.stdout and 'play: 257 token vocabulary' in r.stdout
+    r, resumed, ev, clash = scripts(
+        ('train.py', f'--data_dir={other}', '--dataset=play', f'--out_dir={out}', '--n_layer=1', '--n_embd=48',
+         '--n_head=3', '--block_size=40', '--batch_size=3', '--max_iters=4', '--eval_interval=2', '--eval_iters=1'),
+        ('train.py', f'--out_dir={out}', '--init_from=resume', '--max_iters=6'),
+        ('train.py', f'--out_dir={out}', '--eval_only=True'),
+        ('train.py', f'--out_dir={out}', '--eval_only=True', '--block_size=64'))
+    assert r.returncode == 0 and resumed.returncode == 0, r.stderr + resumed.stderr
+    assert 'at iteration 4' in resumed.stdout and 'play: 257 token vocabulary' in resumed.stdout
     assert torch.load(out / 'ckpt.pt', weights_only=True)['config']['block_size'] == 40
-    r = run('train.py', f'--out_dir={out}', '--eval_only=True')
     n_val = json.load(open(other / 'play' / 'meta.json'))['tokens']['val']
-    assert r.returncode == 0 and f"({n_val:,} tokens)" in r.stdout  # play's val split, not pydocs'
+    assert ev.returncode == 0 and f"({n_val:,} tokens)" in ev.stdout  # play's val split, not pydocs'
     # a flag that contradicts the checkpoint's model is refused in one line naming it
-    r = run('train.py', f'--out_dir={out}', '--eval_only=True', '--block_size=64')
-    assert one_line_error(r, '--block_size=64 here but 40 in the checkpoint')
-
-
-def test_a_checkpoint_with_other_parameter_names_is_refused_in_one_line(corpus, tmp_path):
-    assert train(corpus, tmp_path, '--attn=coupled', '--max_iters=2').returncode == 0
-    ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
-    ckpt['model'] = {k.replace('.V.W', '.V.c_fc'): v for k, v in ckpt['model'].items()}  # an older model.py's names
-    torch.save(ckpt, tmp_path / 'ckpt.pt')
-    r = train(corpus, tmp_path, '--init_from=resume', '--max_iters=4')
-    assert one_line_error(r, 'another version of model.py')
+    assert one_line_error(clash, '--block_size=64 here but 40 in the checkpoint')
 
 
 def test_full_split_evaluation_equals_an_independent_computation(corpus, tmp_path):
-    r = train(corpus, tmp_path, '--max_iters=3', '--eval_interval=3', '--attn=coupled')
-    assert r.returncode == 0
+    r, ev = scripts(trains(corpus, tmp_path, '--max_iters=3', '--eval_interval=3', '--attn=coupled'),
+                    ('train.py', f'--out_dir={tmp_path}', '--eval_only=True'))
+    assert r.returncode == 0, r.stderr
     final = [m for m in metrics(tmp_path) if m['event'] == 'final'][0]
     ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
     model = GPT(GPTConfig(**ckpt['model_args']), verbose=False)
@@ -1085,18 +1118,17 @@ def test_full_split_evaluation_equals_an_independent_computation(corpus, tmp_pat
     assert final['val_ppl'] == pytest.approx(math.exp(final['val_loss']))
     n_bytes = json.load(open(os.path.join(corpus, 'pydocs', 'meta.json')))['bytes']['val']
     assert final['val_bpb'] == pytest.approx(nats / (math.log(2) * n_bytes), rel=1e-4)
-    r = run('train.py', f'--out_dir={tmp_path}', '--eval_only=True')
-    line = [x for x in r.stdout.splitlines() if x.startswith('full val split')][0]
+    line = [x for x in ev.stdout.splitlines() if x.startswith('full val split')][0]
     assert float(re.search(r'loss ([\d.]+)', line).group(1)) == pytest.approx(nats / count, abs=1e-4)
     assert 'bits per byte' in line
 
 
 def test_training_lowers_validation_loss_and_logs_progress_and_the_coupling(corpus, tmp_path):
     r = train(corpus, tmp_path, '--max_iters=40', '--eval_interval=20', '--attn=coupled', '--learning_rate=1e-3',
-              '--warmup_iters=10')
+              '--warmup_iters=10', '--dropout=0')  # (dropout 0 is a valid float: 0 once was refused)
     assert r.returncode == 0
     line = [x for x in r.stdout.splitlines() if x.startswith('iter 40/40')][0]
-    assert all(w in line for w in ('loss', 'lr', 'ms/iter', 'tok/s', 'eta'))
+    assert all(w in line for w in ('loss', 'lr', 'ms/iter', 'tok/s', 'eta')) and '| mfu' not in line  # CPU: no MFU
     assert 'q/k map: nonlinear' in r.stdout
     evals = [m for m in metrics(tmp_path) if m['event'] == 'eval']
     assert len(evals) == 3 and evals[-1]['val_loss'] < evals[0]['val_loss'] - 1.0
@@ -1104,36 +1136,48 @@ def test_training_lowers_validation_loss_and_logs_progress_and_the_coupling(corp
         assert len(e['qk']) == 2 and all(len(s['dt']) == 4 and 0 <= s['nonlinear'] for s in e['qk'])
 
 
-@pytest.mark.parametrize('args, words', [
-    (['--attn=hamiltonian'], 'not one of'),
-    (['--flux=3'], 'unknown flag --flux'),
-    (['--batch_size=four'], 'expects an integer'),
-    (['--dropout=zero'], 'expects a number'),
-    (['--compile=maybe'], 'True or False'),
-    (['--max_iters', '5'], '--key=value'),
-    (['--n_head=3'], 'not divisible'),
-    (['--attn=diff', '--n_head=1', '--n_embd=64'], 'even'),
-    (['--qk_steps=9'], '1..7'),
-    (['--block_size=10000000'], 'lower --block_size'),
-    (['--dataset=nowhere'], 'prepare_data.py'),
-    (['--init_from=resume'], 'no checkpoint'),
-    (['--eval_only=True'], 'no checkpoint'),
-    (['--device=cuda'], 'CUDA is not available'),
-    (['--device=mps'], 'MPS is not available'),
-    (['--device=tpu'], 'unknown'),
-    (['--out_dir='], 'empty'),
-    (['--out_dir=FILE'], 'cannot write'),
+BAD_FLAGS = [
+    (['--attn=hamiltonian'], 'not one of'), (['--flux=3'], 'unknown flag --flux'),
+    (['--batch_size=four'], 'expects an integer'), (['--dropout=zero'], 'expects a number'),
+    (['--compile=maybe'], 'True or False'), (['--max_iters', '5'], '--key=value'), (['--n_head=3'], 'not divisible'),
+    (['--attn=diff', '--n_head=1', '--n_embd=64'], 'even'), (['--qk_steps=9'], '1..7'),
+    (['--block_size=10000000'], 'lower --block_size'), (['--dataset=nowhere'], 'prepare_data.py'),
+    (['--init_from=resume'], 'no checkpoint'), (['--eval_only=True'], 'no checkpoint'),
+    (['--device=cuda'], 'CUDA is not available'), (['--device=mps'], 'MPS is not available'),
+    (['--device=tpu'], 'unknown'), (['--out_dir='], 'empty'), (['--out_dir=FILE'], 'cannot write'),
     (['--out_dir=FILE/sub'], 'cannot write'),
-])
-def test_bad_flags_give_one_clear_line(corpus, tmp_path, args, words):
+    # every number is checked for its meaning
+    (['--beta1=2'], '--beta1'), (['--beta2=-1'], '--beta2 must be >= 0'), (['--seed=99999999999999999999999'], '--seed'),
+    (['--lr_decay_iters=-5'], '--lr_decay_iters must be >= 0'), (['--time_budget=nan'], '--time_budget must be >= 0 and finite'),
+    (['--grad_clip=nan'], '--grad_clip must be >= 0 and finite'), (['--learning_rate=inf'], '> 0 and finite'),
+    (['--learning_rate=0'], '--learning_rate must be > 0'), (['--warmup_iters=-1'], '>= 0'),
+]
+
+
+@pytest.fixture(scope='module')
+def bad_flag_runs(corpus, tmp_path_factory):
+    d = tmp_path_factory.mktemp('bad_flags')
+    (d / 'FILE').write_text('a file where a folder should be')
+    calls = [('train.py', f'--data_dir={corpus}', *SMALL, *([] if any('out_dir' in a for a in args) else
+                                                            [f'--out_dir={d / "out"}']),
+              *[a.replace('FILE', str(d / 'FILE')) for a in args]) for args, words in BAD_FLAGS]
+    *rs, help = scripts(*calls, ('train.py', '--help'))
+    return dict(zip([tuple(args) for args, words in BAD_FLAGS], rs)), d, help
+
+
+@pytest.mark.parametrize('args, words', BAD_FLAGS)
+def test_bad_flags_give_one_clear_line(bad_flag_runs, args, words):
     if ('--device=cuda' in args and torch.cuda.is_available()) or ('--device=mps' in args and
                                                                      torch.backends.mps.is_available()):
         pytest.skip('that device is available here')
-    (tmp_path / 'FILE').write_text('a file where a folder should be')
-    args = [a.replace('FILE', str(tmp_path / 'FILE')) for a in args]
-    r = run('train.py', f'--data_dir={corpus}', *SMALL, *([] if any('out_dir' in a for a in args) else
-                                                          [f'--out_dir={tmp_path / "out"}']), *args)
-    assert one_line_error(r, words) and r.stderr.startswith('error:')
+    r = bad_flag_runs[0][tuple(args)]
+    assert one_line_error(r, words) and r.stderr.startswith('error:'), r.stderr
+    assert not (bad_flag_runs[1] / 'out' / 'ckpt.pt').exists()
+
+
+def test_help_lists_the_flags(bad_flag_runs):
+    r = bad_flag_runs[2]
+    assert r.returncode == 0 and '--attn=standard' in r.stdout and '--qk_scale=' in r.stdout
 
 
 def test_values_written_in_train_py_are_used_unless_a_flag_or_preset_says_otherwise(corpus, tmp_path):
@@ -1144,93 +1188,104 @@ def test_values_written_in_train_py_are_used_unless_a_flag_or_preset_says_otherw
         assert old in src
         src = src.replace(old, new, 1)
     (tmp_path / 'train.py').write_text(src)
-    env = dict(os.environ, PYTHONPATH=HERE, OMP_NUM_THREADS='1')
-    r = subprocess.run([sys.executable, 'train.py'], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr
+    a, b = scripts(('train.py',), ('train.py', '--preset=tiny', f'--out_dir={tmp_path / "b"}'), cwd=tmp_path,
+                   env=dict(PYTHONPATH=HERE))
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     assert torch.load(tmp_path / 'a' / 'ckpt.pt', weights_only=True)['model_args']['n_layer'] == 2
-    r = subprocess.run([sys.executable, 'train.py', '--preset=tiny', f'--out_dir={tmp_path / "b"}'], cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0 and torch.load(tmp_path / 'b' / 'ckpt.pt', weights_only=True)['model_args']['n_layer'] == 4
+    assert torch.load(tmp_path / 'b' / 'ckpt.pt', weights_only=True)['model_args']['n_layer'] == 4
 
 
-def test_help_lists_the_flags():
-    r = run('train.py', '--help')
-    assert r.returncode == 0 and '--attn=standard' in r.stdout and '--qk_scale=' in r.stdout
-
-
-def test_dropout_zero_is_a_valid_float(corpus, tmp_path):
-    r = train(corpus, tmp_path, '--dropout=0', '--max_iters=1')
-    assert r.returncode == 0
-
-
-def test_a_scratch_run_never_overwrites_a_run(corpus, tmp_path):
-    assert train(corpus, tmp_path, '--max_iters=2', '--eval_interval=1').returncode == 0
-    before = (tmp_path / 'ckpt.pt').read_bytes(), (tmp_path / 'metrics.jsonl').read_bytes()
-    r = train(corpus, tmp_path, '--max_iters=2')
-    assert one_line_error(r, '--init_from=resume')
-    assert ((tmp_path / 'ckpt.pt').read_bytes(), (tmp_path / 'metrics.jsonl').read_bytes()) == before
-
-
-def test_bad_data_and_checkpoints_are_refused_clearly(corpus, tmp_path):
-    bad = tmp_path / 'data'
-    os.makedirs(bad / 'pydocs')
-    for f in ('meta.json', 'train.bin', 'val.bin'):
-        (bad / 'pydocs' / f).write_bytes(open(os.path.join(corpus, 'pydocs', f), 'rb').read())
-    with open(bad / 'pydocs' / 'train.bin', 'r+b') as f:  # a truncated token file
-        f.truncate(1001)
-    r = run('train.py', f'--data_dir={bad}', f'--out_dir={tmp_path / "o1"}', '--max_iters=1')
-    assert one_line_error(r, 'corrupt')
+def test_bad_data_and_checkpoints_are_refused_clearly_and_a_run_is_never_overwritten(corpus, tmp_path):
     meta = json.load(open(os.path.join(corpus, 'pydocs', 'meta.json')))
-    (bad / 'pydocs' / 'meta.json').write_text(json.dumps(meta | dict(tokens='many')))  # tokens of the wrong type
-    r = run('train.py', f'--data_dir={bad}', f'--out_dir={tmp_path / "o2"}', '--max_iters=1')
-    assert one_line_error(r, 'meta.json is corrupt')
-    (bad / 'pydocs' / 'meta.json').write_text(json.dumps(meta | dict(vocab_size=200)))  # bytes >= 200 in the data
-    r = run('train.py', f'--data_dir={bad}', f'--out_dir={tmp_path / "o3"}', '--max_iters=1')
-    assert one_line_error(r, '--force')
+    bad = {  # a data folder each: what is wrong with it, and the words its one-line refusal must hold
+        'truncated': ({}, lambda d: open(d / 'train.bin', 'r+b').truncate(1001), 'truncated or corrupt'),
+        'tokens_wrong_type': (dict(tokens='many'), None, 'meta.json is corrupt'),
+        'no_counts': (dict(tokens={}), None, 'meta.json is corrupt'),
+        'bytes_not_a_number': (dict(bytes=dict(train='lots', val=1)), None, 'meta.json is corrupt'),
+        'huge_vocab': (dict(vocab_size=10 ** 9), None, 'meta.json is corrupt'),
+        'int32': (dict(dtype='int32'), None, 'meta.json is corrupt'),
+        'int32_bin': ({}, lambda d: (d / 'val.bin').write_bytes(read_bin(d / 'val.bin').astype(np.int32).tobytes()),
+                      'truncated or corrupt'),
+        'val_is_a_folder': ({}, lambda d: (os.remove(d / 'val.bin'), os.mkdir(d / 'val.bin')), 'not a file'),
+        'small_vocab': (dict(vocab_size=200), None, '--force'),  # bytes >= 200 in the data
+    }
+    for name, (change, damage, words) in bad.items():
+        d = tmp_path / name / 'pydocs'
+        os.makedirs(d)
+        for f in ('train.bin', 'val.bin'):
+            (d / f).write_bytes(open(os.path.join(corpus, 'pydocs', f), 'rb').read())
+        (d / 'meta.json').write_text(json.dumps(meta | change))
+        if damage:
+            damage(d)
     out = tmp_path / 'out'
-    assert train(corpus, out, '--max_iters=2', '--eval_interval=1', '--attn=coupled').returncode == 0
-    r = train(corpus, out, '--init_from=resume', '--attn=diff')  # a checkpoint of another architecture
-    assert one_line_error(r, "--attn='diff' here but 'coupled' in the checkpoint")
-    ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
-    del ckpt['optimizer']
-    torch.save(ckpt, out / 'ckpt.pt')  # unpickles, but lacks a key
-    r = train(corpus, out, '--init_from=resume')
-    assert one_line_error(r, 'corrupt')
-    (out / 'ckpt.pt').write_bytes(b'not a checkpoint')
-    r = train(corpus, out, '--init_from=resume')
-    assert one_line_error(r, 'corrupt')
+    rs = scripts(*[('train.py', f'--data_dir={tmp_path / name}', f'--out_dir={tmp_path / "o" / name}', '--max_iters=1')
+                   for name in bad],
+                 trains(corpus, out, '--max_iters=2', '--eval_interval=1', '--attn=coupled'),
+                 trains(corpus, out, '--max_iters=2'),  # a scratch run in a run's folder
+                 trains(corpus, out, '--init_from=resume', '--attn=diff'))  # a checkpoint of another architecture
+    for (name, (change, damage, words)), r in zip(bad.items(), rs):
+        assert one_line_error(r, words), (name, r.stderr)
+        assert not (tmp_path / 'o' / name / 'ckpt.pt').exists()  # refused before training
+    trained, scratch, other = rs[len(bad):]
+    assert trained.returncode == 0, trained.stderr
+    assert one_line_error(scratch, '--init_from=resume') and one_line_error(other, "--attn='diff' here but 'coupled'")
+    ckpt = torch.load(out / 'ckpt.pt', weights_only=True)  # the refused runs touched neither it nor the log
+    assert ckpt['iter_num'] == 2 and ckpt['config']['attn'] == 'coupled'
+    assert [m['event'] for m in metrics(out)].count('start') == 1 and metrics(out)[-1]['event'] == 'final'
+    broken = {  # a checkpoint each, broken one way
+        'no_optimizer': {k: v for k, v in ckpt.items() if k != 'optimizer'},
+        'iter_num': ckpt | dict(iter_num='forty'), 'best_val_loss': ckpt | dict(best_val_loss='low'),
+        'learning_rate': ckpt | dict(config=ckpt['config'] | dict(learning_rate='fast')),
+        'n_head': ckpt | dict(model_args=ckpt['model_args'] | dict(n_head='four')),
+        'rng': ckpt | dict(rng=[dict(ckpt['rng'][0], torch=torch.zeros(3, dtype=torch.uint8))]),
+        'names': ckpt | dict(model={k.replace('.V.W', '.V.c_fc'): v for k, v in ckpt['model'].items()}),
+        'garbage': b'not a checkpoint',
+    }
+    for name, c in broken.items():
+        os.makedirs(tmp_path / 'ck' / name)
+        if isinstance(c, bytes):
+            (tmp_path / 'ck' / name / 'ckpt.pt').write_bytes(c)
+        else:
+            torch.save(c, tmp_path / 'ck' / name / 'ckpt.pt')
+    rs = scripts(*[trains(corpus, tmp_path / 'ck' / name, '--init_from=resume', '--max_iters=4') for name in broken])
+    for name, r in zip(broken, rs):
+        assert one_line_error(r, 'another version of model.py' if name == 'names' else 'ckpt.pt'), (name, r.stderr)
 
 
-def test_non_finite_loss_stops_the_run(corpus, tmp_path):
-    r = train(corpus, tmp_path, '--max_iters=30', '--learning_rate=1e6', '--warmup_iters=0', '--grad_clip=0')
-    assert r.returncode == 3
-    assert 'at iteration' in r.stderr and ('nan' in r.stderr or 'inf' in r.stderr)
+def test_non_finite_and_diverging_runs_stop_without_a_traceback(corpus, tmp_path):
+    nan, big = scripts(trains(corpus, tmp_path / 'a', '--max_iters=30', '--learning_rate=1e6', '--warmup_iters=0',
+                              '--grad_clip=0'),
+                       trains(corpus, tmp_path / 'b', '--max_iters=30', '--learning_rate=5', '--warmup_iters=0',
+                              '--grad_clip=0', '--eval_interval=10'))
+    assert nan.returncode == 3 and one_line_error(nan, 'at iteration') and ('nan' in nan.stderr or 'inf' in nan.stderr)
+    # a run that diverges without a NaN: its perplexity is infinite, not an OverflowError
+    assert big.returncode in (0, 3) and 'Traceback' not in big.stderr, big.stderr[-2000:]
 
 
 def test_time_budget_stops_the_run_and_counts_across_a_resume(corpus, tmp_path):
-    r = train(corpus, tmp_path, '--max_iters=100000', '--time_budget=2', '--eval_interval=100000')
-    assert r.returncode == 0
-    last = [m for m in metrics(tmp_path) if m['event'] == 'eval'][-1]
+    r, again = scripts(trains(corpus, tmp_path, '--max_iters=100000', '--time_budget=2', '--eval_interval=100000'),
+                       trains(corpus, tmp_path, '--init_from=resume'))  # the budget is spent: no more training
+    assert r.returncode == 0 and again.returncode == 0, r.stderr + again.stderr
+    last = [m for m in metrics(tmp_path) if m['event'] == 'final'][0]
     assert 2 <= last['time'] < 10 and last['iter'] < 100000
-    r = train(corpus, tmp_path, '--init_from=resume')  # the budget is spent: no more training
-    assert r.returncode == 0
     assert [m['iter'] for m in metrics(tmp_path) if m['event'] == 'train'][-1] == last['iter']
     assert [m for m in metrics(tmp_path) if m['event'] == 'final'][-1]['time'] == pytest.approx(last['time'])
 
 
 def test_ctrl_c_says_where_to_resume(corpus, tmp_path):
-    p = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={tmp_path}', *SMALL,
+    out = tmp_path / 'a run'  # a space: the hint quotes it, so it can be pasted
+    p = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={out}', *SMALL,
                           '--max_iters=100000', '--eval_interval=5'], cwd=HERE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
-    deadline = time.time() + 120
-    while not (tmp_path / 'ckpt.pt').exists() and time.time() < deadline:
-        time.sleep(0.2)
+    wait_for(out / 'ckpt.pt')
     time.sleep(0.5)
     p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 130 and 'Traceback' not in err
-    assert 'interrupted at iteration' in out and '--init_from=resume' in out
-    assert train(corpus, tmp_path, '--init_from=resume', '--max_iters=6').returncode == 0
+    last, _ = stopped_cleanly(p)
+    assert last.startswith('interrupted at iteration') and '--init_from=resume' in last
+    command = last.split('Continue with: ')[1]
+    assert shlex.split(command)[-1] == f'--out_dir={out}'  # pasted into a shell, it names the folder
+    r = run(*shlex.split(command)[1:], '--max_iters=6')
+    assert r.returncode == 0, r.stderr
 
 
 def test_test_split_is_evaluated_at_the_end(corpus, tmp_path):
@@ -1242,7 +1297,7 @@ def test_test_split_is_evaluated_at_the_end(corpus, tmp_path):
     (d / 'test.bin').write_bytes(open(os.path.join(corpus, 'pydocs', 'val.bin'), 'rb').read())
     meta['tokens']['test'], meta['bytes']['test'] = meta['tokens']['val'], meta['bytes']['val']
     (d / 'meta.json').write_text(json.dumps(meta))
-    r = run('train.py', f'--data_dir={tmp_path / "data"}', f'--out_dir={tmp_path / "out"}', *SMALL, '--max_iters=2')
+    r, = scripts(trains(tmp_path / 'data', tmp_path / 'out', '--max_iters=2'))
     assert r.returncode == 0 and 'full test split' in r.stdout
     final = metrics(tmp_path / 'out')[-1]
     assert final['event'] == 'final' and final['test_loss'] == pytest.approx(final['val_loss'])
@@ -1255,12 +1310,16 @@ def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(corpus, tmp_p
     assert r.returncode == 0, r.stderr[-2000:]
     assert 'ddp check: 2 ranks, identical weights: True, distinct batches: True' in r.stdout
     assert '2 process(es)' in r.stdout
-    single = run('train.py', f'--out_dir={tmp_path}', '--eval_only=True')
-    r = run('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu',
-            f'--out_dir={tmp_path}', '--eval_only=True')
-    assert r.returncode == 0, r.stderr[-2000:]  # the ranks share the windows: the same full-split loss
+    ranked = run('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu',
+                 f'--out_dir={tmp_path}', '--eval_only=True')
+    assert ranked.returncode == 0, ranked.stderr[-2000:]
+    single, resumed = scripts(('train.py', f'--out_dir={tmp_path}', '--eval_only=True'),
+                              ('train.py', f'--out_dir={tmp_path}', '--init_from=resume', '--max_iters=8'))
     full = lambda out: float(re.search(r'full val split: loss ([\d.]+)', out).group(1))
-    assert full(r.stdout) == pytest.approx(full(single.stdout), abs=2e-4)
+    assert full(ranked.stdout) == pytest.approx(full(single.stdout), abs=2e-4)  # the ranks share the windows
+    # resumed as one process (its own hint): the tokens count what was trained, 6 x 2 ranks, then 2 x 1
+    assert resumed.returncode == 0, resumed.stderr
+    assert [m for m in metrics(tmp_path) if m['event'] == 'final'][-1]['tokens'] == (6 * 2 + 2) * 4 * 32
 
 
 def test_compile_works_on_cpu(corpus, tmp_path):
@@ -1318,43 +1377,67 @@ def test_the_loop_syncs_with_the_device_only_at_log_steps_and_evals(corpus, tmp_
 
 
 INJECT_NAN = """
-import model, torch
-forward, seen = model.GPT.forward, [0]
+import model, sys
+forward, nans = model.GPT.forward, NANS
 def nan_at(self, idx, targets=None, cache=None):
     logits, loss = forward(self, idx, targets, cache)
-    if self.training and targets is not None and torch.is_grad_enabled():
-        seen[0] += 1
-        if seen[0] == AT + 1:  # the training forward of iteration AT
-            loss = loss * float('nan')
+    f = sys._getframe(1)
+    while f and not f.f_code.co_filename.endswith('train.py'):
+        f = f.f_back
+    if f and f.f_code.co_name == '<module>' and (f.f_globals['out_dir'], f.f_globals['iter_num']) in nans:
+        nans.remove((f.f_globals['out_dir'], f.f_globals['iter_num']))
+        loss = loss * float('nan')  # the training step of that iteration of that run, once
     return logits, loss
 model.GPT.forward = nan_at
+model.peak_flops = lambda device: 1e12  # MFU as on a GPU whose peak is known
 """
 
 
-@pytest.mark.parametrize('at, log_every', [(12, 5), (18, 7)])  # mid-interval; in an interval that ends at an eval
-def test_a_nan_between_checkpoints_stops_the_run_and_the_last_good_checkpoint_resumes(corpus, tmp_path, at,
-                                                                                    log_every):
-    r = patched_train(corpus, tmp_path, INJECT_NAN.replace('AT', str(at)), '--max_iters=40', '--eval_interval=10',
-                      f'--log_interval={log_every}', '--attn=coupled')
+@pytest.fixture(scope='module')
+def nan_runs(corpus, tmp_path_factory):
+    """In one process: NaNs at iteration 12 (logs every 5) and 18 (every 7: an interval that ends at an eval) of
+    runs that save every 10, each then resumed; a finished run resumed to train longer, a NaN at iteration 6."""
+    d = tmp_path_factory.mktemp('nan')
+    nan = ['--max_iters=40', '--eval_interval=10', '--attn=coupled']
+    calls = [trains(corpus, d / 'a', *nan, '--log_interval=5'), trains(corpus, d / 'a', '--init_from=resume'),
+             trains(corpus, d / 'b', *nan, '--log_interval=7'), trains(corpus, d / 'b', '--init_from=resume'),
+             trains(corpus, d / 'finished', '--max_iters=4', '--eval_interval=2', '--log_interval=2'),
+             trains(corpus, d / 'finished', '--init_from=resume', '--max_iters=12')]
+    nans = {(str(d / 'a'), 12), (str(d / 'b'), 18), (str(d / 'finished'), 6)}
+    return d, scripts(*calls, patch=INJECT_NAN.replace('NANS', repr(nans)))
+
+
+@pytest.mark.parametrize('run, at', [('a', 12), ('b', 18)])
+def test_a_nan_between_checkpoints_stops_the_run_and_the_last_good_checkpoint_resumes(nan_runs, run, at):
+    d, rs = nan_runs
+    r, resumed = rs[:2] if run == 'a' else rs[2:4]
     assert r.returncode == 3 and f'not finite at iteration {at}' in r.stderr, r.stderr[-2000:]
     assert 'the last checkpoint is at iteration 10:' in r.stderr and one_line_error(r, '--init_from=resume')
-    ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
-    assert ckpt['iter_num'] == 10 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
-    r = train(corpus, tmp_path, '--init_from=resume')
-    assert r.returncode == 0 and 'at iteration 10' in r.stdout
-    assert math.isfinite([m for m in metrics(tmp_path) if m['event'] == 'final'][-1]['val_loss'])
+    assert resumed.returncode == 0 and 'at iteration 10' in resumed.stdout, resumed.stderr
+    ckpt = torch.load(d / run / 'ckpt.pt', weights_only=True)
+    assert ckpt['iter_num'] == 40 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
+    assert math.isfinite([m for m in metrics(d / run) if m['event'] == 'final'][-1]['val_loss'])
 
 
-def test_mfu_is_in_the_log_line_where_the_peak_is_known(corpus, tmp_path):
+def test_a_finished_run_resumed_to_train_longer_keeps_its_result_when_the_extension_stops(nan_runs, capsys,
+                                                                                          monkeypatch):
+    d, rs = nan_runs
+    first, extension = rs[4:]
+    assert first.returncode == 0 and extension.returncode == 3, extension.stderr
+    assert one_line_error(extension, 'the last checkpoint is at iteration 6:')  # saved at 6 (eval), NaN at 6
+    finals = [m for m in metrics(d / 'finished') if m['event'] == 'final']
+    assert len(finals) == 1 and finals[0]['iter'] == 4  # the log is appended to, never rewritten
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={d / "finished"}')
+    assert code == 0 and f"| {finals[0]['val_ppl']:.3f} |" in out, (out, err)  # the report shows that result
+
+
+def test_mfu_is_in_the_log_line_where_the_peak_is_known(nan_runs):
     # on CUDA the peak comes from model.GPU_PEAK_FLOPS by the device's name; here a mocked peak stands in for it
-    r = patched_train(corpus, tmp_path, "import model\nmodel.peak_flops = lambda device: 1e12", '--max_iters=4',
-                      '--log_interval=2')
-    assert r.returncode == 0, r.stderr
-    assert re.search(r'iter 4/4 \| .* \| mfu \d+\.\d%', r.stdout), r.stdout
-    record = [m for m in metrics(tmp_path) if m['event'] == 'train'][-1]
+    d, rs = nan_runs
+    assert re.search(r'iter 4/4 \| .* \| mfu \d+\.\d%', rs[4].stdout), rs[4].stdout
+    record = [m for m in metrics(d / 'finished') if m['event'] == 'train'][-1]
     want = flops_per_token(GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=32, vocab_size=257), 32) * 4 * 32
     assert record['mfu'] == pytest.approx(want / (record['ms'] / 1000) / 1e12, rel=1e-6)
-    assert '| mfu' not in train(corpus, tmp_path / 'cpu', '--max_iters=2').stdout  # no peak, no MFU (CPU)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1423,35 +1506,42 @@ def test_ctrl_c_stops_a_trainer_that_inherited_sigint_ignored(corpus, tmp_path):
 
 
 SLOW_SAVE = """
-import pathlib, time, torch
-save, calls = torch.save, [0]
+import os, pathlib, signal, time, torch
+save, replace, calls = torch.save, os.replace, [0]
 def slow_save(*a, **k):
     calls[0] += 1
     if calls[0] == 2:  # the second checkpoint (iteration 10) takes a while
         pathlib.Path(FLAG).touch()
         time.sleep(4)
     return save(*a, **k)
-torch.save = slow_save
+def replace_then_ctrl_c(src, dst):  # RENAME: a second Ctrl-C right as the new checkpoint takes the old one's place
+    replace(src, dst)
+    if RENAME and calls[0] == 2:
+        os.kill(os.getpid(), signal.SIGINT)
+torch.save, os.replace = slow_save, replace_then_ctrl_c
 """
 
 
-@pytest.mark.parametrize('presses', [1, 2])
+@pytest.mark.parametrize('presses', ['1', '2', '2, the second at the rename'])
 def test_ctrl_c_during_a_checkpoint_write(corpus, tmp_path, presses):
-    # once: the checkpoint is finished first, then the run stops; twice: it stops at once, the previous one intact
+    # once: the checkpoint is finished first, then the run stops; twice: it stops at once, the previous one intact;
+    # the second at the rename: the message names the checkpoint on disk
     flag = tmp_path / 'saving'
-    p = patched_train(corpus, tmp_path / 'out', SLOW_SAVE.replace('FLAG', repr(str(flag))), '--max_iters=100000',
-                      '--eval_interval=5', popen=True)
+    patch = SLOW_SAVE.replace('FLAG', repr(str(flag))).replace('RENAME', str('rename' in presses))
+    p = patched_train(corpus, tmp_path / 'out', patch, '--max_iters=100000', '--eval_interval=5', popen=True)
     wait_for(flag)
     t0 = time.time()
-    for _ in range(presses):
+    for _ in range(1 if presses == '1' or 'rename' in presses else 2):
         p.send_signal(signal.SIGINT)
         time.sleep(0.3)
     last, _ = stopped_cleanly(p)
     ckpt = torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=True)
-    if presses == 1:
+    if presses == '1':
         assert ckpt['iter_num'] == 10 and last.startswith('interrupted at iteration 10;') and 'iteration 10:' in last
-    else:
+    elif presses == '2':
         assert time.time() - t0 < 3 and ckpt['iter_num'] == 5 and 'last checkpoint is at iteration 5:' in last
+    else:
+        assert ckpt['iter_num'] == 10 and 'last checkpoint is at iteration 10:' in last, last
     assert train(corpus, tmp_path / 'out', '--init_from=resume', '--max_iters=12').returncode == 0
 
 
@@ -1494,24 +1584,31 @@ def test_ctrl_c_during_an_evaluation_or_a_sample(corpus, tmp_path, when):
 # ---------------------------------------------------------------------------------------------------------------
 # a run owns its out_dir; a full disk is one line
 
-def test_two_trainers_never_share_an_out_dir(corpus, tmp_path):
+def test_two_trainers_never_share_an_out_dir_and_a_corpus_in_use_is_not_prepared_again(corpus, tmp_path):
     out = tmp_path / 'out'
     first = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={out}', *SMALL,
-                              '--max_iters=100000', '--time_budget=12', '--eval_interval=50', '--seed=1'], cwd=HERE,
+                              '--max_iters=100000', '--time_budget=8', '--eval_interval=50', '--seed=1'], cwd=HERE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, OMP_NUM_THREADS='1'))
-    wait_for(out / 'metrics.jsonl')
-    with ThreadPoolExecutor(3) as pool:  # a second trainer, scratch or resume, while the first trains
-        refused = list(pool.map(lambda args: train(corpus, out, *args),
-                                (['--seed=2'], ['--init_from=resume'], ['--attn=coupled', '--seed=3'])))
-    for r in refused:
+    for line in first.stdout:  # training: its out_dir and its corpus are in use
+        if line.startswith('step 0:'):
+            break
+    (tmp_path / 'other.txt').write_text(TEXT)
+    refused = scripts(*[trains(corpus, out, *args) for args in (['--seed=2'], ['--init_from=resume'],
+                                                                ['--attn=coupled', '--seed=3'])],
+                      ('prepare_data.py', f'--input={tmp_path / "other.txt"}', '--name=pydocs', f'--data_dir={corpus}',
+                       '--force'))
+    for r in refused[:3]:
         assert one_line_error(r, 'is in use by a running train.py') and f'pid {first.pid}' in r.stderr, r.stderr
+    assert one_line_error(refused[3], 'is being read by a running train.py'), refused[3].stderr
     assert first.poll() is None  # the refusals came while it trained
     out_, err = first.communicate(timeout=240)
     assert first.returncode == 0, err[-2000:]
     log = metrics(out)
     assert [m['config']['seed'] for m in log if m['event'] == 'start'] == [1]
     assert log[-1]['event'] == 'final' and [m['iter'] for m in log if m['event'] == 'eval'][:2] == [0, 50]
+    assert f"({read_bin(os.path.join(corpus, 'pydocs', 'val.bin')).size:,} tokens)" in out_  # its corpus, unchanged
+    assert json.load(open(os.path.join(corpus, 'pydocs', 'meta.json')))['corpus'] == 'pydocs'
     ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
     assert ckpt['iter_num'] == log[-1]['iter'] and ckpt['config']['seed'] == 1 and ckpt['config']['attn'] == 'standard'
     # started at the same moment on an empty folder: one trains, the other is refused and touches nothing
@@ -1633,14 +1730,6 @@ def test_report_splits_a_label_whose_runs_differ_and_skips_what_is_not_a_record(
     assert rows['coupled'][4] == '+6.2%'  # against the standard of its own shape
     assert 'pydocs/standard: its runs are not all alike (n_layer differ); shown as 2 rows' in r.stderr
     assert r.stderr.count('is not a log record') == 4 and "diff-s1/metrics.jsonl is not a finished run" in r.stderr
-    # resume skips such lines with the same warning, and its rewritten log holds records only
-    out = tmp_path / 'run'
-    assert train(corpus, out, '--max_iters=2', '--eval_interval=1').returncode == 0
-    with open(out / 'metrics.jsonl', 'a') as f:
-        f.write('[1, 2]\nnull\n')
-    r = train(corpus, out, '--init_from=resume', '--max_iters=3')
-    assert r.returncode == 0 and r.stderr.count('is not a log record') == 2, r.stderr
-    assert all(isinstance(m, dict) for m in metrics(out))
 
 
 def test_report_plot_draws_the_curves_or_says_how_to_get_them(tmp_path, capsys, monkeypatch):
@@ -1751,10 +1840,12 @@ def test_report_bad_inputs_are_one_line_each(tmp_path, capsys, monkeypatch, case
         assert report_rows(out)['coupled'][3] == 'inf'
 
 
-def test_gpu_check_runs_at_a_reduced_shape_on_cpu(corpus, tmp_path):
-    r = run('bench.py', '--gpu_check', '--device=cpu', '--preset=tiny', '--batch_size=2', '--block_size=32',
-            '--vocab_size=257', '--iters=1', '--warmup=0', '--train_iters=4', '--train_compile=False',
-            '--eval_iters=2', f'--data_dir={corpus}', f'--out={tmp_path}', timeout=600)
+def test_gpu_check_runs_at_a_reduced_shape_on_cpu(corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch, 'compile', lambda model, **kw: model)  # compiling: test_compile_works_on_cpu
+    r = subprocess.CompletedProcess('bench.py', *bench_report(
+        capsys, monkeypatch, '--gpu_check', '--device=cpu', '--dtype=float32', '--preset=tiny', '--batch_size=2', '--block_size=32',
+        '--vocab_size=257', '--iters=1', '--warmup=0', '--train_iters=4', '--train_compile=False', '--eval_iters=2',
+        f'--data_dir={corpus}', f'--out={tmp_path}'))
     assert r.returncode == 0, r.stderr[-2000:]
     assert re.search(r'eager \d\.\d{3}, compiled \d\.\d{3}', r.stdout)
     for row in ('ms/iter', 'tokens/s', 'MFU', 'val loss (full split)'):
@@ -1773,8 +1864,8 @@ def gpu_recipe():
     return re.search(r'^R="(.*)"$', ladder, re.M).group(1), re.findall(r'^\| (\S+) \| `\$R (.*?)` \|', ladder, re.M)
 
 
-def test_readme_gpu_recipe_is_what_bench_plan_prints():
-    r = run('bench.py', '--plan')
+def test_readme_gpu_recipe_is_what_bench_plan_prints(capsys, monkeypatch):
+    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, '--plan'))
     assert r.returncode == 0, r.stderr
     ladder = readme_section('The ladder')
     assert all(line in ladder for line in r.stdout.splitlines())  # the README shows bench.py's recipe, as printed
@@ -1801,44 +1892,51 @@ def wikitext103(tmp_path_factory):
 
 
 def test_sample_prints_text_from_a_bytes_and_a_gpt2_checkpoint(corpus, wikitext103, tmp_path):
-    # bytes: the quick start's kind of run
-    assert train(corpus, tmp_path / 'bytes', '--max_iters=30', '--learning_rate=3e-3').returncode == 0
-    r = run('train.py', f'--out_dir={tmp_path / "bytes"}', '--sample=def ', '--sample_tokens=40')
-    assert r.returncode == 0, r.stderr
+    # bytes: the quick start's kind of run; GPT-2 tokens, at the end of a run and from its checkpoint
+    b, g = tmp_path / 'bytes', tmp_path / 'gpt2'
+    sample = lambda out, *a: ('train.py', f'--out_dir={out}', *a)
+    trained, r, again, other, gtrained, gr = scripts(
+        trains(corpus, b, '--max_iters=30', '--learning_rate=3e-3'),
+        sample(b, '--sample=def ', '--sample_tokens=40'), sample(b, '--sample=def ', '--sample_tokens=40'),
+        sample(b, '--sample=def ', '--sample_tokens=40', '--seed=7'),
+        ('train.py', *REDUCED, f'--data_dir={wikitext103}', '--dataset=wikitext103', f'--out_dir={g}',
+         '--sample_tokens=12'),
+        sample(g, '--sample=The query', '--sample_tokens=12'))
+    assert trained.returncode == 0 and r.returncode == 0, trained.stderr + r.stderr
     head, text = r.stdout.split("sample (seed 1337, 40 tokens after 'def '):\n")
     assert text.startswith('def ') and len(text.encode('utf-8', 'surrogateescape')) >= 40
-    again = run('train.py', f'--out_dir={tmp_path / "bytes"}', '--sample=def ', '--sample_tokens=40')
-    other = run('train.py', f'--out_dir={tmp_path / "bytes"}', '--sample=def ', '--sample_tokens=40', '--seed=7')
     assert again.stdout == r.stdout and other.stdout != r.stdout  # the seed decides
-    assert 'resuming' not in r.stdout and not (tmp_path / 'bytes' / 'ckpt.pt.tmp').exists()
-    # GPT-2 tokens, at the end of a run and from its checkpoint
-    out = tmp_path / 'gpt2'
-    r = run('train.py', *REDUCED, f'--data_dir={wikitext103}', '--dataset=wikitext103', f'--out_dir={out}',
-            '--sample_tokens=12')
-    assert r.returncode == 0 and "sample (seed 1337, 12 tokens after ''):" in r.stdout, r.stderr
-    r = run('train.py', f'--out_dir={out}', '--sample=The query', '--sample_tokens=12')
-    assert r.returncode == 0, r.stderr
-    text = r.stdout.split("tokens after 'The query'):\n")[1]
+    assert 'resuming' not in r.stdout and not (b / 'ckpt.pt.tmp').exists()
+    assert gtrained.returncode == 0 and "sample (seed 1337, 12 tokens after ''):" in gtrained.stdout, gtrained.stderr
+    assert gr.returncode == 0, gr.stderr
+    text = gr.stdout.split("tokens after 'The query'):\n")[1]
     import tiktoken
     assert text.startswith('The query') and len(tiktoken.get_encoding('gpt2').encode(text)) >= 12
+    # a prompt that is not UTF-8 (a shell passes bytes): its bytes, printed with replacement characters
+    r = subprocess.run([sys.executable, 'train.py', f'--out_dir={b}', b'--sample=\xff\xfe def', '--sample_tokens=8'],
+                       cwd=HERE, capture_output=True, timeout=240)
+    assert r.returncode == 0 and b'after \'\xef\xbf\xbd\xef\xbf\xbd def\'' in r.stdout, r.stderr[-2000:]
 
 
 REDUCED = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=2',
            '--gradient_accumulation_steps=2', '--max_iters=2', '--eval_interval=2', '--eval_iters=2',
-           '--warmup_iters=1', '--compile=False', '--device=cpu']  # torch.compile: test_compile_works_on_cpu
+           '--warmup_iters=1', '--compile=False', '--device=cpu', '--sample_tokens=0']  # compile: its own test
 
 
-def test_every_gpu_recipe_command_runs_at_a_reduced_shape_and_tabulates(wikitext103, tmp_path):
+def test_every_gpu_recipe_command_runs_at_a_reduced_shape_and_tabulates(wikitext103, tmp_path, capsys, monkeypatch):
     prefix, rows = gpu_recipe()
     command = lambda flags: shlex.split(prefix)[2:] + shlex.split(flags) + REDUCED + [f'--data_dir={wikitext103}']
-    with ThreadPoolExecutor(2) as pool:  # two at a time, one thread each
-        results = list(pool.map(lambda row: run(os.path.join(HERE, 'train.py'), *command(row[1]), cwd=tmp_path), rows))
+    with ThreadPoolExecutor(2) as pool:  # two processes side by side, one thread each, half the runs in each
+        halves = list(pool.map(lambda half: scripts(*[(os.path.join(HERE, 'train.py'), *command(flags))
+                                                      for name, flags in half], cwd=tmp_path), (rows[::2], rows[1::2])))
+    results = [None] * len(rows)
+    results[::2], results[1::2] = halves
     for (name, flags), r in zip(rows, results):
         assert r.returncode == 0, (name, r.stderr[-2000:])
         assert 'bfloat16' in r.stdout and 'full val split' in r.stdout and 'full test split' in r.stdout, name
         final = metrics(tmp_path / 'runs' / '60m' / name)[-1]
         assert final['event'] == 'final' and all(math.isfinite(final[k]) for k in ('val_ppl', 'test_ppl', 'val_bpb'))
-    r = run('bench.py', f'--report={tmp_path / "runs" / "60m"}')
+    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, f'--report={tmp_path / "runs" / "60m"}'))
     assert r.returncode == 0, r.stderr
     assert all(f'| wikitext103 | {name} | 1 |' in r.stdout for name, flags in rows), r.stdout
 
@@ -1846,10 +1944,11 @@ def test_every_gpu_recipe_command_runs_at_a_reduced_shape_and_tabulates(wikitext
 # ---------------------------------------------------------------------------------------------------------------
 # bench.py: records, not timings (timings are never asserted)
 
-def test_bench_writes_one_record_per_variant_and_mode(tmp_path):
+def test_bench_writes_one_record_per_variant_and_mode(tmp_path, capsys, monkeypatch):
     out = tmp_path / 'bench.jsonl'
-    r = run('bench.py', '--preset=tiny', '--attn=coupled,diff+coupled', '--vocab_size=64', '--batch_size=2',
-            '--block_size=16', '--new_tokens=4', '--iters=1', '--warmup=0', f'--json_out={out}')
+    r = subprocess.CompletedProcess('bench.py', *bench_report(
+        capsys, monkeypatch, '--preset=tiny', '--attn=coupled,diff+coupled', '--vocab_size=64', '--batch_size=2',
+        '--block_size=16', '--new_tokens=4', '--iters=1', '--warmup=0', f'--json_out={out}'))
     assert r.returncode == 0, r.stderr[-2000:]
     records = [json.loads(line) for line in open(out)]
     modes = ('train', 'forward', 'generate', 'generate-nocache')
@@ -1870,22 +1969,25 @@ def test_bench_writes_one_record_per_variant_and_mode(tmp_path):
     (['--json_out=/nonexistent/dir/b.jsonl'], 'json_out'), (['--device=tpu'], 'unknown'),
     (['--plot=c.png'], '--report'),
 ])
-def test_bench_bad_flags_give_one_clear_line(args, words):
-    r = run('bench.py', *args)
+def test_bench_bad_flags_give_one_clear_line(args, words, capsys, monkeypatch):
+    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, *args))
     assert one_line_error(r, words)
 
 
 @pytest.mark.skipif(torch.backends.mps.is_available(), reason='MPS is available here')
-def test_bench_on_mps_off_a_mac_is_one_line():
-    assert one_line_error(run('bench.py', '--device=mps'), 'MPS is not available')
+def test_bench_on_mps_off_a_mac_is_one_line(capsys, monkeypatch):
+    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, '--device=mps'))
+    assert one_line_error(r, 'MPS is not available')
 
 
-def test_report_tabulates_any_run_folders_and_survives_a_cut_line(corpus, tmp_path):
-    for name, attn in (('out-standard', 'standard'), ('out-coupled', 'coupled')):
-        assert train(corpus, tmp_path / name, '--max_iters=2', '--eval_interval=1', f'--attn={attn}').returncode == 0
+def test_report_tabulates_any_run_folders_and_survives_a_cut_line(corpus, tmp_path, capsys, monkeypatch):
+    for r in scripts(*[trains(corpus, tmp_path / name, '--max_iters=2', '--eval_interval=1', f'--attn={attn}')
+                       for name, attn in (('out-standard', 'standard'), ('out-coupled', 'coupled'))]):
+        assert r.returncode == 0, r.stderr
     with open(tmp_path / 'out-coupled' / 'metrics.jsonl', 'a') as f:
         f.write('{"event": "train", "it')  # a run killed while writing
-    r = run('bench.py', f'--report={tmp_path / "out-standard"},{tmp_path / "out-coupled"}')
+    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch,
+                                                             f'--report={tmp_path / "out-standard"},{tmp_path / "out-coupled"}'))
     assert r.returncode == 0, r.stderr
     assert 'out-coupled/metrics.jsonl:' in r.stderr and 'skipped' in r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith('| ') and 'variant' not in line]

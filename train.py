@@ -1,12 +1,10 @@
 """
 Train a GPT with any attention variant: one flat loop, nanoGPT-shaped. Every setting below is a flag.
 
-  python train.py --attn=coupled                          # laptop CPU: tiny model on data/pydocs
-  python train.py --preset=60m --dataset=wikitext103 --attn=coupled --compile=True   # one GPU, the paper's scale
-  torchrun --standalone --nproc_per_node=8 train.py ...   # DDP (nccl on CUDA, gloo on CPU)
-  python train.py --init_from=resume --out_dir=out        # continue a run: its settings come along
-  python train.py --eval_only=True --out_dir=out          # full-split val/test perplexity of a run
-  python train.py --sample="def " --out_dir=out           # text from a run's model
+  python train.py --attn=coupled                         # laptop CPU: tiny model on data/pydocs
+  python train.py --preset=60m --dataset=wikitext103 --attn=coupled --compile=True  # one GPU, the paper's scale
+  torchrun --standalone --nproc_per_node=8 train.py ...  # DDP (nccl on CUDA, gloo on CPU)
+  python train.py --init_from=resume --out_dir=out       # continue a run; --eval_only=True, --sample="def " too
 
 Flags (--key=value) > a --preset > the values below; resume, eval and sample take every setting no flag gives from
 the checkpoint. A run owns its out_dir while it runs (train.lock).
@@ -21,22 +19,21 @@ import time
 from contextlib import nullcontext, suppress
 from dataclasses import fields
 
-# Ctrl-C stops the run with one line and exit code 130, from the first line on: installed before the slow imports
-# (whatever was inherited: a background job starts with SIGINT ignored), it raises nothing an `except:` could
-# swallow. A checkpoint being written is finished first; a second Ctrl-C stops at once.
+# Ctrl-C stops with one line and exit code 130, from the first line on (installed before the slow imports, whatever
+# was inherited), raising nothing an `except:` could swallow; a checkpoint being written is finished first
 phase, iter_num, saved_iter, saving, interrupted, master = 'before training', 0, None, False, False, True
 
 
 def on_ctrl_c(signum, frame):
     global interrupted
-    if saving and not interrupted:
+    if saving and not interrupted:  # a second Ctrl-C stops at once
         interrupted = True
         return say("Ctrl-C: stopping once this checkpoint is written (Ctrl-C again: stop now)")
     where = {'train': f"at iteration {iter_num}", 'final': "during the final evaluation"}.get(phase, phase)
     stop(130, "interrupted; nothing was written" if phase == 'read only' else f"interrupted {where}; {resume_hint()}")
 
 
-def resume_hint():  # where the last checkpoint is, and the command that continues from it
+def resume_hint():
     if saved_iter is None:
         return "no checkpoint yet"
     return (f"the last checkpoint is at iteration {saved_iter}: {shlex.quote(ckpt_path)}. Continue with: python "
@@ -57,14 +54,14 @@ def stop(code, line):
 
 signal.signal(signal.SIGINT, on_ctrl_c)
 
-import numpy as np  # noqa: E402  (the slow imports come after the Ctrl-C handler)
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.distributed import destroy_process_group, init_process_group  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import prepare_data  # noqa: E402
-from model import POS, PRESETS, GPT, GPTConfig, attn_names, flops_per_token, peak_flops  # noqa: E402
-from model import median_layer, qk_diagnostics  # noqa: E402
+from model import (POS, PRESETS, GPT, GPTConfig, attn_names, flops_per_token, median_layer, peak_flops,  # noqa: E402
+                   qk_diagnostics)
 
 # -----------------------------------------------------------------------------
 _before = set(globals())  # the settings are what this block adds
@@ -111,15 +108,13 @@ compile = False         # torch.compile the model; falls back to eager with a wa
 seed = 1337
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in globals().items() if k not in _before and k != '_before'}
-# every other field of model.GPTConfig is a flag too, with its default there (qk_steps, qk_hidden, qk_scale, qk_dt,
+# every other model.GPTConfig field is a flag too, with its default there (qk_steps, qk_hidden, qk_scale, qk_dt,
 # qk_decay, pos: see --help); a field added there needs no edit here
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != 'vocab_size']
 defaults |= {f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS and f.name not in defaults}
 CHOICES = dict(attn=attn_names(), pos=POS, preset=('',) + tuple(PRESETS), init_from=('scratch', 'resume'),
                dtype=('auto', 'float32', 'bfloat16', 'float16'))
-# every number is finite and >= 0; these > 0; betas < 1
 POSITIVE = 'batch_size block_size gradient_accumulation_steps eval_interval eval_iters log_interval learning_rate'
-# settings of this command, not of the run: never taken from a checkpoint
 LOCAL_KEYS = ('out_dir', 'init_from', 'eval_only', 'device', 'dtype', 'compile', 'sample', 'sample_tokens', 'preset')
 
 
@@ -137,15 +132,8 @@ def die(msg, code=2):
     shutdown(code)
 
 
-def check(settings):  # flags have their defaults' types, a checkpoint's settings may not: every value is checked
-    for k, v in settings.items():
-        kind = type(defaults[k])
-        if not isinstance(v, (int, float) if kind is float else kind):
-            die(f"{ckpt_path} is corrupt: its {k}={v!r} is not a {kind.__name__}")
-        if kind in (int, float) and not (0 <= v < math.inf and (v > 0 or k not in POSITIVE.split())):
-            die(f"--{k} must be {'> 0' if k in POSITIVE.split() else '>= 0'} and finite, got {v}")
-    if settings['beta1'] >= 1 or settings['beta2'] >= 1 or settings['seed'] >= 2 ** 63 - 1024:
-        die("--beta1 and --beta2 must be < 1, --seed < 2^63 - 1024; got {beta1}, {beta2}, {seed}".format(**settings))
+def why(e):  # an exception in a few words, for a one-line message
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]}"
 
 
 def parse_value(key, text):
@@ -159,6 +147,17 @@ def parse_value(key, text):
     if key in CHOICES and value not in CHOICES[key]:
         die(f"--{key}={text} is not one of {', '.join(repr(c) for c in CHOICES[key])}")
     return value
+
+
+def check(settings):  # every number finite and >= 0 (POSITIVE: > 0), betas < 1; a checkpoint's types too
+    for k, v in settings.items():
+        kind = type(defaults[k])
+        if not isinstance(v, (int, float) if kind is float else kind):
+            die(f"{ckpt_path} is corrupt: its {k}={v!r} is not a {kind.__name__}")
+        if kind in (int, float) and not (0 <= v < math.inf and (v > 0 or k not in POSITIVE.split())):
+            die(f"--{k} must be {'> 0' if k in POSITIVE.split() else '>= 0'} and finite, got {v}")
+    if settings['beta1'] >= 1 or settings['beta2'] >= 1 or settings['seed'] >= 2 ** 63 - 1024:
+        die("--beta1 and --beta2 must be < 1, --seed < 2^63 - 1024; got {beta1}, {beta2}, {seed}".format(**settings))
 
 
 if {'-h', '--help'} & set(sys.argv[1:]):
@@ -178,8 +177,8 @@ if not out_dir.strip():
     die("--out_dir is empty; name a folder, e.g. --out_dir=out")
 check(settings)
 
-# a run owns its out_dir: an exclusive lock on out_dir/train.lock, taken before anything there is touched and
-# released by the OS however the process ends (fcntl: Linux, macOS; Windows runs are not locked)
+# a run owns its out_dir: an exclusive lock on out_dir/train.lock, released by the OS however the process ends
+# (fcntl: Linux, macOS; not Windows). Then a scratch run refuses a folder with a run in it, and starts the log.
 writes = not (settings['eval_only'] or settings['sample'])
 if writes and int(os.environ.get('RANK', 0)) == 0:
     try:
@@ -188,18 +187,24 @@ if writes and int(os.environ.get('RANK', 0)) == 0:
         with suppress(ImportError):
             import fcntl
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        lock.flush()
+        if settings['init_from'] == 'scratch' and os.path.exists(ckpt_path):
+            die(f"{out_dir}/ holds a run (ckpt.pt); continue it with --init_from=resume, or train in another "
+                f"--out_dir (delete {out_dir}/ to start over)")
+        open(os.path.join(out_dir, 'metrics.jsonl'), 'w' if settings['init_from'] == 'scratch' else 'a').close()
+        if os.path.exists(ckpt_path + '.tmp'):
+            os.remove(ckpt_path + '.tmp')  # a save cut short by kill -9: the checkpoint before it is intact
     except BlockingIOError:
         die(f"{out_dir}/ is in use by a running train.py ({lock.seek(0) or lock.read().strip()}); wait for it to "
             "finish, or train in another --out_dir")
     except OSError as e:
         die(f"cannot write to --out_dir={out_dir} ({e.strerror or e}); choose a writable folder")
-    lock.truncate(0)
-    lock.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    lock.flush()
 
 # resume, eval, sample: every setting no flag gives comes from the checkpoint, except this command's own
 checkpoint = None
-if settings['init_from'] == 'resume' or settings['eval_only'] or settings['sample']:
+if settings['init_from'] == 'resume' or not writes:
     if not os.path.exists(ckpt_path):
         die(f"no checkpoint at {ckpt_path}; train one with --init_from=scratch first, or point --out_dir at a run")
     try:
@@ -207,19 +212,18 @@ if settings['init_from'] == 'resume' or settings['eval_only'] or settings['sampl
         ckpt_args = dict(checkpoint['model_args'])
         taken = {k: v for k, v in dict(checkpoint['config']).items() if k in defaults and k not in LOCAL_KEYS}
         taken |= {k: v for k, v in ckpt_args.items() if k in MODEL_KEYS}
-        for k, kind in dict(model=dict, optimizer=dict, iter_num=int, best_val_loss=float, vocab_size=int).items():
-            if not isinstance((checkpoint | ckpt_args)[k], (int, float) if kind is float else kind):
-                raise TypeError(f"{k} is a {type((checkpoint | ckpt_args)[k]).__name__}")
+        if not (isinstance(checkpoint['iter_num'], int) and isinstance(checkpoint['best_val_loss'], (int, float))
+                and checkpoint['model'] and checkpoint['optimizer']):
+            raise TypeError('a field of the wrong type')
     except Exception as e:
-        die(f"{ckpt_path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}); "
-            "it is corrupt or not from train.py")
+        die(f"{ckpt_path} cannot be read ({why(e)}); it is corrupt or not from train.py")
     clash = [f"--{k}={given[k]!r} here but {ckpt_args[k]!r} in the checkpoint" for k in MODEL_KEYS
              if k in given and k in ckpt_args and ckpt_args[k] != given[k]]
     if clash:
         die(f"{ckpt_path} holds a different model: {'; '.join(clash)}; drop those flags to use the checkpoint's, "
             f"or train anew in another --out_dir")
     settings |= {k: v for k, v in taken.items() if k not in given}
-check(settings)
+    check(settings)
 config = settings  # this run's settings, saved in the checkpoint
 globals().update(settings)
 phase = 'before training' if writes else 'read only'
@@ -253,18 +257,6 @@ autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type=d
 torch.manual_seed(seed)
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
-# never overwrite a run unasked; a fresh run starts the log, a resumed one appends to it
-metrics_path = os.path.join(out_dir, 'metrics.jsonl')
-if writes and init_from == 'scratch' and os.path.exists(ckpt_path):
-    die(f"{out_dir}/ holds a run (ckpt.pt); continue it with --init_from=resume, or train in another --out_dir "
-        f"(delete {out_dir}/ to start over)")
-if writes and master:
-    try:
-        open(metrics_path, 'w' if init_from == 'scratch' else 'a').close()
-        if os.path.exists(ckpt_path + '.tmp'):
-            os.remove(ckpt_path + '.tmp')  # a save cut short by kill -9: the checkpoint before it is intact
-    except OSError as e:
-        die(f"cannot write to --out_dir={out_dir} ({e.strerror or e}); choose a writable folder")
 
 # -----------------------------------------------------------------------------
 # data: data/<dataset>/{train,val[,test]}.bin of uint16 tokens, checked in full against its meta.json
@@ -305,8 +297,8 @@ if checkpoint is not None:
     try:
         model.load_state_dict({k.removeprefix('_orig_mod.'): v for k, v in checkpoint['model'].items()})
     except RuntimeError as e:
-        die(f"{ckpt_path} does not fit the model it names ({str(e).splitlines()[0][:100]}); it is corrupt, or "
-            "was written by another version of model.py (use the commit that trained it)")
+        die(f"{ckpt_path} does not fit the model it names ({why(e)}); it is corrupt, or was written by another "
+            "version of model.py (use the commit that trained it)")
     iter_num = saved_iter = checkpoint['iter_num']
     best_val_loss = checkpoint['best_val_loss']
     train_time, tokens = checkpoint.get('train_time', 0.0), checkpoint.get('tokens', iter_num * tokens_per_iter)
@@ -322,10 +314,10 @@ if checkpoint is not None and writes:
             torch.set_rng_state(rng['torch'])
             if device_type == 'cuda' and rng.get('cuda') is not None:
                 torch.cuda.set_rng_state(rng['cuda'], device)
-        assert isinstance(train_time, (int, float)) and isinstance(tokens, int), 'train_time or tokens'
+        train_time, tokens = float(train_time), int(tokens)
     except Exception as e:
-        die(f"{ckpt_path}'s optimizer or RNG state does not fit this run ({type(e).__name__}: "
-            f"{str(e).splitlines()[0][:80] if str(e) else ''}); resume it with the settings it was trained with")
+        die(f"{ckpt_path}'s optimizer or RNG state does not fit this run ({why(e)}); resume it with the settings "
+            "it was trained with")
     print0(f"resuming from {ckpt_path} at iteration {iter_num} ({train_time:.0f} s trained)")
 checkpoint = None  # free memory
 raw_model = model
@@ -337,8 +329,7 @@ if compile and writes:
         with autocast:  # compile happens lazily: try one step now and fall back if it fails
             model(x, y)[1].backward()
     except Exception as e:
-        print0(f"warning: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-               "continuing without --compile")
+        print0(f"warning: torch.compile failed ({why(e)}); continuing without --compile")
         model = raw_model
     optimizer.zero_grad(set_to_none=True)
 if ddp:
@@ -351,18 +342,16 @@ def perplexity(loss):  # infinite for a diverged run, not an OverflowError
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss over eval_iters random batches, for learning curves. The batches depend on neither --seed nor the
-    iteration: every eval of every run scores the same ones."""
+    """Mean loss over eval_iters batches, for learning curves: the same batches at every eval of every run."""
     out = []
     model.eval()
     for split in ('train', 'val'):
         gen = torch.Generator().manual_seed(10_000 + rank)
-        losses = torch.zeros(eval_iters)
-        for k in range(eval_iters):
-            X, Y = get_batch(split, gen)
+        losses = []
+        for _ in range(eval_iters):
             with autocast:
-                losses[k] = model(X, Y)[1].item()
-        out.append(losses.mean().item())
+                losses.append(model(*get_batch(split, gen))[1].item())
+        out.append(sum(losses) / eval_iters)
     model.train()
     if ddp:  # average over ranks (each evaluated different batches)
         t = torch.tensor(out, device=device)
@@ -374,21 +363,19 @@ def estimate_loss():
 @torch.no_grad()
 def full_eval():
     """The loss over every token of val and test (prepare_data.windows): the paper's metric. Printed, and returned
-    with perplexity and bits per byte of the split's text."""
+    with perplexity and bits per byte."""
     out = {}
     model.eval()
     for split in [s for s in ('val', 'test') if s in splits]:
-        nats, count = torch.zeros((), dtype=torch.float64, device=device), 0
+        nats = torch.zeros(2, dtype=torch.float64, device=device)  # the loss summed over tokens, the tokens
         for x, y in prepare_data.windows(splits[split], block_size, rank, world_size, 8192 // block_size + 1):
             with autocast:
-                nats += raw_model(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))[1].double() * y.size
-            count += y.size
+                loss = raw_model(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))[1]
+            nats += torch.stack((loss.double() * y.size, torch.tensor(y.size, device=device)))
         if ddp:
-            t = torch.stack((nats, torch.tensor(float(count), dtype=torch.float64, device=device)))
-            torch.distributed.all_reduce(t)
-            nats, count = t[0], t[1].item()
-        loss, n_bytes = nats.item() / count, meta['bytes'].get(split)
-        bpb = nats.item() / (math.log(2) * n_bytes) if n_bytes else None
+            torch.distributed.all_reduce(nats)
+        loss, n_bytes = (nats[0] / nats[1]).item(), meta['bytes'].get(split)
+        bpb = nats[0].item() / (math.log(2) * n_bytes) if n_bytes else None
         out |= {f'{split}_loss': loss, f'{split}_ppl': perplexity(loss), f'{split}_bpb': bpb}
         print0(f"full {split} split: loss {loss:.4f}, ppl {perplexity(loss):.3f}"
                + (f", {bpb:.4f} bits per byte" if bpb else '') + f" ({meta['tokens'][split]:,} tokens)")
@@ -397,8 +384,7 @@ def full_eval():
 
 
 def write_sample(prompt):
-    """Print sample_tokens tokens after prompt ('': a document's start) through the KV cache: temperature 0.8, the
-    200 most likely tokens, seeded by --seed."""
+    """sample_tokens tokens after prompt ('': a document's start) through the KV cache: temperature 0.8, top 200."""
     tok = prepare_data.get_tokenizer(meta['tokenizer'])  # GPT-2's BPE files may need a download: a DataError
     ids = tok['encode']([prompt])[0].tolist() if prompt else [tok['eot']]
     torch.manual_seed(seed)
@@ -426,8 +412,8 @@ if eval_only:
 
 def save_checkpoint():
     global saving, saved_iter
-    rngs = [{'batches': batch_state, 'torch': torch.get_rng_state(),
-             'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None}] * world_size
+    rngs = [dict(batches=batch_state, torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state(device)
+                 if device_type == 'cuda' else None)] * world_size  # each rank's: exact resume
     if ddp:
         torch.distributed.all_gather_object(rngs, rngs[rank])
     if not master:
@@ -454,24 +440,21 @@ def save_checkpoint():
 def log(record):  # append one whole line: on a full disk the file is cut back to before it, and the run stops
     if master:
         line = (json.dumps(record) + '\n').encode()
-        with open(metrics_path, 'ab', buffering=0) as f:  # unbuffered: nothing is left to flush after a failure
+        with open(os.path.join(out_dir, 'metrics.jsonl'), 'ab', buffering=0) as f:  # unbuffered: nothing to flush
             size, written = f.seek(0, os.SEEK_END), 0
             try:
                 while written < len(line):
                     written += f.write(line[written:]) or 0
             except OSError as e:
                 f.truncate(size)
-                disk_full(metrics_path, e)
+                disk_full(f.name, e)
 
 
 def disk_full(what, e):
-    die(f"cannot write {what} ({getattr(e, 'strerror', None) or str(e).splitlines()[0][:120]}); nothing else was "
-        f"touched, free some space: {resume_hint()}", code=1)
+    die(f"cannot write {what} ({why(e)}); nothing else was touched, free some space: {resume_hint()}", code=1)
 
 
-def check_losses():
-    """Fetch the losses kept on the device since the last check (the one host-device sync between evals); stop the
-    run, before anything is saved, if one is not finite. Returns the last loss."""
+def check_losses():  # the losses kept on the device since the last check; stop, before any save, at a non-finite one
     global pending
     losses = torch.stack(pending).float()
     bad = (~torch.isfinite(losses)).any().float()
@@ -499,17 +482,11 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-def fmt_time(s):
-    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m" if s >= 3600 else f"{int(s // 60)}m{int(s % 60):02d}s"
-
-
 # -----------------------------------------------------------------------------
 # the loop. The log is only appended to: a resumed run's records follow a 'start' at its checkpoint's iteration
-# (what came after that iteration before is lost work, which bench.py --report drops)
+# (earlier records past that iteration are lost work, which bench.py --report drops)
 
-peak = peak_flops(device)  # for MFU, on CUDA
-if device_type == 'cuda' and peak is None:
-    print0(f"note: no MFU: the peak FLOP/s of {torch.cuda.get_device_name(device)} is not in model.GPU_PEAK_FLOPS")
+peak = peak_flops(device)  # for MFU, on a CUDA device in model.GPU_PEAK_FLOPS
 flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter
 log(dict(event='start', iter=iter_num, tokens=tokens, config=config, params=raw_model.get_num_params(),
          qk_params=sum(p.numel() for p in raw_model.qk_parameters()), world_size=world_size))
@@ -534,7 +511,6 @@ while True:
         losses = estimate_loss()
         if not all(math.isfinite(v) for v in losses.values()):  # the last update broke the model
             not_finite(iter_num, losses['val'])
-        # the coupling diagnostic, per layer (model.qk_diagnostics), on the first validation batch
         qk = qk_diagnostics(raw_model, get_batch('val', torch.Generator().manual_seed(10_000))[0]) if master else []
         print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val ppl "
                f"{perplexity(losses['val']):.2f} ({eval_iters}-batch estimates)" + (
@@ -580,7 +556,7 @@ while True:
         mfu = flops_per_iter / elapsed / peak if peak else None
         print0(f"iter {iter_num}/{max_iters} | loss {lossf:.4f} | lr {lr:.2e} | {elapsed * 1000:.0f} ms/iter | "
                f"{tokens_per_iter / elapsed:,.0f} tok/s" + (f" | mfu {mfu:.1%}" if mfu else '')
-               + f" | eta {fmt_time(max(left, 0))}")
+               + f" | eta {max(left, 0) / 60:.1f} min")
         log(dict(event='train', iter=iter_num, loss=lossf, lr=lr, ms=elapsed * 1000, tok_s=tokens_per_iter / elapsed,
                  mfu=mfu, tokens=tokens, time=train_time))
 
@@ -590,8 +566,8 @@ if master and sample_tokens:
     try:
         write_sample('')
     except Exception as e:  # never fail a finished run over its sample (e.g. GPT-2's tokenizer files offline)
-        print(f"note: no sample ({type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''})")
-print0(f"done: {iter_num} iterations, {fmt_time(time.time() - t_start)}; checkpoint {ckpt_path}")
+        print(f"note: no sample ({why(e)})")
+print0(f"done: {iter_num} iterations, {(time.time() - t_start) / 60:.1f} min; checkpoint {ckpt_path}")
 if ddp:  # sanity check: every rank holds the same weights, and ranks draw from different batch generators
     sums = torch.stack([torch.stack((p.double().sum(), p.double().pow(2).sum())) for p in raw_model.parameters()])
     gathered, first = [torch.zeros_like(sums) for _ in range(world_size)], [None] * world_size
