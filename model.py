@@ -34,7 +34,7 @@ class GPTConfig:
     qk_hidden: int = 12      # hidden width m of the potential V (+0.119% at 60m); the table sets the others' from it
     qk_scale: float = 2.0    # spread of the q/k nets' pre-activations at init, out of SiLU's straight range
     qk_dt: float = 0.1       # initial step size dt of every head's dynamics (learned per head)
-    qk_decay: bool = False   # weight decay on the q/k nets' matrices too (an optimizer setting; pulls toward linear)
+    qk_decay: bool = False   # weight decay on the q/k nets' matrices too (pulls them to linear)
     pos: str = 'learned'     # 'learned' absolute positions, or 'rope' (rotary, applied after the q/k dynamics)
 
     def __post_init__(self):
@@ -460,8 +460,8 @@ def qk_diagnostics(model, idx):
     """How much, and how nonlinearly, each layer's q/k map moves real tokens idx (B, T). Per layer (and head):
     dq = |q' - q| / |q|, dk = |k' - k| / |k|, nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)| (least
     squares per head, over all tokens): ~0 for a linear map (dt = 0, SiLU's straight range), which W_q, W_k absorb;
-    and the step sizes dt where the map has them."""
-    seen, training = [], model.training  # seen: (module, q, k, q', k') of every q/k map, in layer order
+    and dt, if the map has one."""
+    seen, training = [], model.training  # (module, q, k, q', k') of every q/k map, in layer order
     hooks = [blk.attn.qk.register_forward_hook(lambda mod, inp, out: seen.append((mod, *inp[:2], *out)))
              for blk in model.transformer.h if blk.attn.qk is not None]
     if not hooks:
@@ -486,7 +486,7 @@ def qk_diagnostics(model, idx):
     return stats
 
 
-def median_layer(stats, key):  # qk_diagnostics' one-number summary: the median over layers (mean of the middle two)
+def median_layer(stats, key):  # qk_diagnostics in one number: the median over layers
     return statistics.median(s[key] for s in stats)
 
 
@@ -502,12 +502,11 @@ def flops_per_token(config, T):
     return 3 * (matmul + attend + qk_flops)
 
 
-# dense bf16 peak FLOP/s (NVIDIA datasheets, without sparsity), for MFU; the first match of the device name wins
+# dense bf16 peak FLOP/s (datasheets, no sparsity), for MFU; the first match of the device's name wins
 GPU_PEAK_FLOPS = [('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('A100', 312e12), ('L40S', 362e12),
                   ('L4', 121e12), ('A10', 125e12)]
 
 
-def peak_flops(device):  # of a CUDA device, for MFU; None elsewhere, or for a GPU not in the list
-    if not str(device).startswith('cuda'):
-        return None
-    return next((peak for key, peak in GPU_PEAK_FLOPS if key in torch.cuda.get_device_name(device)), None)
+def peak_flops(device):  # None off CUDA, or for a GPU not in the list
+    name = torch.cuda.get_device_name(device) if str(device).startswith('cuda') else ''
+    return next((peak for key, peak in GPU_PEAK_FLOPS if key in name), None)

@@ -734,9 +734,9 @@ def test_train_py_takes_every_model_default_it_does_not_set_from_gptconfig():
     assert not GPTConfig().qk_decay
 
 
-def test_importing_bench_runs_nothing():
-    r = run('-c', 'import time; t = time.time(); import bench; print(round(time.time() - t, 1))')
-    assert r.returncode == 0 and r.stderr == '' and float(r.stdout) < 5
+def test_importing_bench_runs_nothing():  # no timing, no report, no output: bench.py works when run
+    r = run('-c', 'import bench')
+    assert r.returncode == 0 and r.stdout == r.stderr == ''
 # ===============================================================================================================
 # the scripts, run the way a user runs them
 

@@ -34,10 +34,9 @@ def on_ctrl_c(signum, frame):
 
 
 def resume_hint():
-    if saved_iter is None:
-        return "no checkpoint yet"
-    return (f"the last checkpoint is at iteration {saved_iter}: {shlex.quote(ckpt_path)}. Continue with: python "
-            f"train.py --init_from=resume --out_dir={shlex.quote(out_dir)}")
+    return "no checkpoint yet" if saved_iter is None else (
+        f"the last checkpoint is at iteration {saved_iter}: {shlex.quote(ckpt_path)}. Continue with: python train.py "
+        f"--init_from=resume --out_dir={shlex.quote(out_dir)}")
 
 
 def say(line):  # the handler may interrupt a print(), which holds stdout's buffer: so os.write
@@ -115,6 +114,7 @@ defaults |= {f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEY
 CHOICES = dict(attn=attn_names(), pos=POS, preset=('',) + tuple(PRESETS), init_from=('scratch', 'resume'),
                dtype=('auto', 'float32', 'bfloat16', 'float16'))
 POSITIVE = 'batch_size block_size gradient_accumulation_steps eval_interval eval_iters log_interval learning_rate'
+BELOW = dict(beta1=1, beta2=1, seed=2 ** 63 - 1024)  # every number is finite, >= 0 (POSITIVE: > 0), < these
 LOCAL_KEYS = ('out_dir', 'init_from', 'eval_only', 'device', 'dtype', 'compile', 'sample', 'sample_tokens', 'preset')
 
 
@@ -149,15 +149,13 @@ def parse_value(key, text):
     return value
 
 
-def check(settings):  # every number finite and >= 0 (POSITIVE: > 0), betas < 1; a checkpoint's types too
+def check(settings):  # the values of flags, and the types of a checkpoint's settings
     for k, v in settings.items():
-        kind = type(defaults[k])
+        kind, low = type(defaults[k]), '> 0' if k in POSITIVE.split() else '>= 0'
         if not isinstance(v, (int, float) if kind is float else kind):
             die(f"{ckpt_path} is corrupt: its {k}={v!r} is not a {kind.__name__}")
-        if kind in (int, float) and not (0 <= v < math.inf and (v > 0 or k not in POSITIVE.split())):
-            die(f"--{k} must be {'> 0' if k in POSITIVE.split() else '>= 0'} and finite, got {v}")
-    if settings['beta1'] >= 1 or settings['beta2'] >= 1 or settings['seed'] >= 2 ** 63 - 1024:
-        die("--beta1 and --beta2 must be < 1, --seed < 2^63 - 1024; got {beta1}, {beta2}, {seed}".format(**settings))
+        if kind in (int, float) and not (0 <= v < BELOW.get(k, math.inf) and (v > 0 or low == '>= 0')):
+            die(f"--{k} must be {low}{f' and < {BELOW[k]}' if k in BELOW else ''} and finite, got {v}")
 
 
 if {'-h', '--help'} & set(sys.argv[1:]):
@@ -235,11 +233,9 @@ ddp = int(os.environ.get('RANK', -1)) != -1  # launched by torchrun?
 if device == 'auto':
     device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
 device_type = device.split(':')[0]
-if device_type not in ('cpu', 'cuda', 'mps'):
-    die(f"--device={device} is unknown; use auto, cpu, cuda, cuda:N or mps")
-if not {'cpu': True, 'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}[device_type]:
-    die(f"--device={device} but {'CUDA' if device_type == 'cuda' else 'MPS'} is not available here (MPS: macOS on "
-        "Apple silicon); use --device=cpu")
+if not {'cpu': True, 'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}.get(device_type):
+    die(f"--device={device} is unknown, or {device_type.upper()} is not available here (MPS: macOS on Apple silicon);"
+        " use auto, cpu, cuda, cuda:N or mps")
 if ddp:
     rank, local_rank, world_size = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
     if device_type == 'cuda':
@@ -402,7 +398,7 @@ print0(f"{dataset}: {meta['vocab_size']} token vocabulary ({meta['tokenizer']});
 if sample:
     try:
         write_sample(sample)
-    except (prepare_data.DataError, ValueError) as e:  # ValueError: tiktoken, given a prompt that is not UTF-8
+    except prepare_data.DataError as e:
         die(f"cannot sample: {e}")
     shutdown(0)
 if eval_only:
@@ -568,13 +564,11 @@ if master and sample_tokens:
     except Exception as e:  # never fail a finished run over its sample (e.g. GPT-2's tokenizer files offline)
         print(f"note: no sample ({why(e)})")
 print0(f"done: {iter_num} iterations, {(time.time() - t_start) / 60:.1f} min; checkpoint {ckpt_path}")
-if ddp:  # sanity check: every rank holds the same weights, and ranks draw from different batch generators
-    sums = torch.stack([torch.stack((p.double().sum(), p.double().pow(2).sum())) for p in raw_model.parameters()])
-    gathered, first = [torch.zeros_like(sums) for _ in range(world_size)], [None] * world_size
-    torch.distributed.all_gather(gathered, sums)
-    torch.distributed.all_gather_object(first, get_batch('train', torch.Generator().manual_seed(seed + rank))[0]
-                                        .sum().item())
-    print0(f"ddp check: {world_size} ranks, identical weights: {all(torch.equal(g, sums) for g in gathered)}, "
-           f"distinct batches: {len(set(first)) == world_size}")
-    torch.distributed.barrier()
+if ddp:  # sanity check: every rank holds the same weights, and drew other batches
+    mine = [sum(p.double().sum().item() for p in raw_model.parameters()),
+            get_batch('train', torch.Generator().manual_seed(seed + rank))[0].sum().item()]
+    ranks = [None] * world_size
+    torch.distributed.all_gather_object(ranks, mine)
+    print0(f"ddp check: {world_size} ranks, identical weights: {len({w for w, b in ranks}) == 1}, distinct batches: "
+           f"{len({b for w, b in ranks}) == world_size}")
 shutdown(0)
