@@ -1,16 +1,12 @@
 """
-Speed and results. By default, time attention variants against standard attention: a training step, a forward pass,
-and generation with the KV cache vs recomputing the context; variants run interleaved (A B B A ...) after a warm-up,
-medians reported, next to the FLOP model of what a perfect implementation would pay (model.flops_per_token).
-Three other jobs: --report tabulates finished train.py runs (and --plot draws their learning curves); --plan prints
-the paper's 60M WikiText-103 ablation as one-GPU commands; --gpu_check is the prepared check for a CUDA machine.
+Speed and results: time attention variants against standard (a training step, a forward pass, generation with and
+without the KV cache) next to the FLOP model's ratio; tabulate and plot train.py runs; the GPU recipe and check.
 
-  python bench.py                                              # standard vs coupled, small preset, CPU-friendly
+  python bench.py                                     # standard vs coupled, small preset, CPU-friendly
   python bench.py --preset=60m --batch_size=4 --block_size=256 --attn=standard,coupled,euler,uncoupled
   python bench.py --preset=60m --device=cuda --compile=True --dtype=bfloat16 --batch_size=16 --block_size=1024
-  python bench.py --report=runs --plot=curves.png    # table (and learning curves) of the train.py runs under runs/
-  python bench.py --report=out-standard,out-coupled   # or of any run folders
-  python bench.py --plan                              # the GPU recipe: commands, tokens, estimated GPU time
+  python bench.py --report=runs --plot=curves.png     # table (and curves) of the train.py runs under runs/
+  python bench.py --plan                              # the GPU recipe: commands, tokens, GPU time
   python bench.py --gpu_check                         # on one GPU, ~10 minutes: speed, MFU and loss at 60m
 """
 import argparse
@@ -20,15 +16,15 @@ import json
 import math
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
 from contextlib import nullcontext
 from itertools import groupby
+from statistics import mean, median, stdev
 
 
-def on_ctrl_c(signum, frame):  # one line, exit code 130; installed before torch's import, which takes seconds
+def on_ctrl_c(signum, frame):  # Ctrl-C during torch's slow import: one line, exit code 130
     os.write(2, b"\ninterrupted\n")
     os._exit(130)
 
@@ -43,20 +39,20 @@ from model import GPU_PEAK_FLOPS, PRESETS, GPT, GPTConfig, attn_names, flops_per
 MODES = ('train', 'forward', 'generate')
 
 
-def flop_ratio(cfg, T):  # the FLOP model's cost of cfg's variant over standard attention of the same shape
+def flop_ratio(cfg, T):  # the FLOP model: cfg's variant over standard attention of its shape
     return flops_per_token(cfg, T) / flops_per_token(GPTConfig(**{**cfg.__dict__, 'attn': 'standard'}), T)
 
 
-# -----------------------------------------------------------------------------------------------------------
-# --report: finished train.py runs, grouped into rows of comparable runs
+# -----------------------------------------------------------------------------
+# --report: finished train.py runs in rows of comparable runs
 
-# settings that change neither the model nor its training: runs that differ only in these share a row
+# settings that change neither model nor training: runs that differ only in these share a row
 NOT_COMPARED = {'seed', 'out_dir', 'data_dir', 'init_from', 'eval_only', 'device', 'dtype', 'compile', 'preset',
                 'log_interval', 'eval_interval', 'eval_iters', 'always_save_checkpoint', 'time_budget', 'sample',
                 'sample_tokens'}
 
 
-def well_typed(r):  # the fields the report reads have the types it reads them as
+def well_typed(r):  # the fields the report reads have the types it expects
     num = lambda x: type(x) in (int, float)  # not a bool
     qk = r.get('qk', [])
     return (isinstance(r.get('event'), str) and isinstance(r.get('config', {}), dict) and isinstance(qk, list)
@@ -66,18 +62,17 @@ def well_typed(r):  # the fields the report reads have the types it reads them a
 
 
 def read_log(path):
-    """The records of a metrics.jsonl; a cut line (a run killed while writing), or a line that is not a record of
-    the right types, is skipped with a warning."""
+    """The records of a metrics.jsonl; a cut line (a run killed while writing) or a wrong record: a warning."""
     records = []
     for i, line in enumerate(open(path, encoding='utf-8', errors='replace'), 1):
         try:
             r = json.loads(line)
         except ValueError:
             r = None
-        if not isinstance(r, dict) or not well_typed(r):
+        if isinstance(r, dict) and well_typed(r):
+            records.append(r)
+        else:
             print(f"warning: {path}:{i} is not a log record (cut short? wrong types?); skipped", file=sys.stderr)
-            continue
-        records.append(r)
     return records
 
 
@@ -105,9 +100,8 @@ def standing(log):
 
 
 def load_runs(folders):
-    """Every finished train.py run in or under the given folders. A run is labeled by its folder's name without a
-    '-s<seed>' suffix and an 'out-' prefix (out-coupled-s2: coupled), 'out' by its attn, and by what a resume
-    changed: coupled [resumed: max_iters 500->1000]."""
+    """Every finished train.py run in or under the folders, labeled by its folder's name less '-s<seed>' and 'out-'
+    (out-coupled-s2: coupled; 'out': its attn) and by what a resume changed: coupled [resumed: max_iters 500->1000]."""
     runs = []
     for path in find_logs(folders):
         try:
@@ -123,10 +117,9 @@ def load_runs(folders):
             continue
         cfg, name = start[-1]['config'], os.path.basename(os.path.dirname(os.path.abspath(path)))
         label, _, seed = name.rpartition('-s')
-        label = label if label and seed.isdigit() else name
-        label = label.removeprefix('out-').removeprefix('out_')
+        label = (label if label and seed.isdigit() else name).removeprefix('out-').removeprefix('out_')
         label = str(cfg.get('attn', '?')) if label in ('out', '') else label
-        # what each start trained with: a setting changed at a resume (a schedule that jumped) is no straight run's
+        # what each start trained with: a setting changed at a resume makes no straight run
         sets = [{k: v for k, v in s['config'].items() if k not in NOT_COMPARED} | {'world_size': s.get('world_size')}
                 for s in start]
         changed = ', '.join(f"{k} " + '->'.join(v for v, _ in groupby(str(s.get(k)) for s in sets))
@@ -142,10 +135,9 @@ def load_runs(folders):
 
 
 def group_runs(runs):
-    """Rows: runs of one corpus and label that agree in everything that makes them comparable (model, attention,
-    training, tokens trained). A label whose runs differ becomes rows named by what differs, with a note."""
-    rows, notes = {}, []
-    by_label = {}
+    """Rows: runs of one corpus and label that agree in all that makes them comparable (model, training, tokens);
+    a label whose runs differ: a row per kind, named by what differs, and a note."""
+    rows, notes, by_label = {}, [], {}
     for r in runs:
         by_label.setdefault((r['corpus'], r['label']), []).append(r)
     for (corpus, label), rs in by_label.items():
@@ -164,17 +156,18 @@ def group_runs(runs):
 
 
 SHAPE = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'pos', 'vocab_size')
+BATCHES = ('eval_iters', 'batch_size', 'block_size', 'dataset')  # equal: the estimates score the same batches
 
 
-def same_shape(a, b):
-    return all(a.get(k) == b.get(k) for k in SHAPE)
+def agree(a, b, keys):
+    return all(a.get(k) == b.get(k) for k in keys)
 
 
 def curve(row):
     """Mean over seeds of the row's validation estimates: [(tokens, loss)] at the evals every seed logged."""
     per_seed = [{e['tokens']: e['val_loss'] for e in r['evals']} for r in row['runs']]
     common = sorted(set.intersection(*(set(p) for p in per_seed))) if per_seed else []
-    return [(t, statistics.mean(p[t] for p in per_seed)) for t in common]
+    return [(t, mean(p[t] for p in per_seed)) for t in common]
 
 
 def tokens_to_reach(points, target):
@@ -186,77 +179,72 @@ def tokens_to_reach(points, target):
 
 
 def token_ratio(row, rows, corpus):
-    """Tokens standard attention needs to reach this row's final validation estimate, over this row's tokens (the
-    paper's "2.4x"), read off the longest standard row of the same corpus, shape and eval batches (standard-2.4x):
-    mean over seeds, interpolated between evals, '> N' if never. Returns (ratio, the reference row)."""
-    ref = [r for (c, _), r in rows.items() if c == corpus and r['kind'].get('attn') == 'standard'
-           and same_shape(r['kind'], row['kind']) and same_batches(r, row) and curve(r)]
+    """'standard tokens to match' (the paper's "2.4x"): the tokens the longest comparable standard row needs to
+    reach this row's final estimate, over this row's tokens; '> N': never. Returns (ratio, that row's key)."""
+    refs = [k for k, r in rows.items() if k[0] == corpus and r['kind'].get('attn') == 'standard'
+            and agree(r['kind'], row['kind'], SHAPE) and curve(r)
+            and agree(r['runs'][0]['config'], row['runs'][0]['config'], BATCHES)]
     last = [r['evals'][-1]['val_loss'] for r in row['runs'] if r['evals']]
-    if not ref or not last:
+    if not refs or not last:
         return '-', None
-    ref = max(ref, key=lambda r: (r['kind']['tokens'], len(r['runs'])))
-    needed, tokens = tokens_to_reach(curve(ref), statistics.mean(last)), row['kind']['tokens']
-    return (f"{needed / tokens:.2f}x" if needed is not None else f"> {curve(ref)[-1][0] / tokens:.2f}x"), ref
-
-
-def same_batches(a, b):  # the 40-batch estimates score the same batches only with these settings equal
-    ca, cb = a['runs'][0]['config'], b['runs'][0]['config']
-    return all(ca.get(k) == cb.get(k) for k in ('eval_iters', 'batch_size', 'block_size', 'dataset'))
+    ref = max(refs, key=lambda k: (rows[k]['kind']['tokens'], len(rows[k]['runs'])))
+    points, tokens = curve(rows[ref]), row['kind']['tokens']
+    needed = tokens_to_reach(points, mean(last))
+    return (f"{needed / tokens:.2f}x" if needed is not None else f"> {points[-1][0] / tokens:.2f}x"), ref
 
 
 def report(folders, plot):
-    """Full-split validation perplexity of train.py runs: mean and spread over seeds, change against standard on the
-    same corpus, the tokens standard needs to match, the coupling diagnostic at the end; optionally curves."""
+    """The table of finished train.py runs (and, with plot, their curves)."""
     runs = load_runs(folders)
     if not runs:
         sys.exit(f"error: no finished train.py runs in {', '.join(folders)}; name run folders (--out_dir of train.py)")
     rows, notes = group_runs(runs)
-    if plot:  # first: a path it cannot write to stops the report before any output
+    if plot:  # first: a path it cannot write to stops it before any output
         plot_curves(rows, plot)
-    ppl = {}  # a row's final perplexities, one per seed: runs that repeat a seed count once (their mean)
+    ppl = {}  # a row's final perplexities, one per seed (runs that repeat a seed: their mean)
     for (corpus, name), row in rows.items():
         seeds = {}
         for r in row['runs']:
             seeds.setdefault(str(r['config'].get('seed')), []).append(r['final']['val_ppl'])
-        ppl[(corpus, name)] = [statistics.mean(p) for p in seeds.values()]
+        ppl[(corpus, name)] = [mean(p) for p in seeds.values()]
         notes += [f"note: {corpus}/{name}: {len(p)} runs share seed {s}" for s, p in seeds.items() if len(p) > 1]
     print("| corpus | variant | seeds | val ppl (full split, mean +- std) | vs standard | standard tokens to match "
           "| nonlinear | dt | tokens | ms/iter |\n|---|---|---|---|---|---|---|---|---|---|")
-    used = {}
-    for corpus, name in sorted(rows, key=lambda k: (k[0], rows[k]['label'] != 'standard', statistics.mean(ppl[k]))):
+    used = set()  # the standard rows token_ratio read
+    for corpus, name in sorted(rows, key=lambda k: (k[0], rows[k]['label'] != 'standard', mean(ppl[k]))):
         row = rows[(corpus, name)]
         p, tokens = ppl[(corpus, name)], row['kind']['tokens']
-        spread = f"{statistics.mean(p):.3f}"
+        spread = f"{mean(p):.3f}"
         if len(p) > 1 and all(map(math.isfinite, p)):  # no spread with a diverged seed's inf
-            spread += f" +- {statistics.stdev(p):.3f}"
-        base = [k for k, b in rows.items() if k[0] == corpus and b['label'] == 'standard'
-                and same_shape(b['kind'], row['kind'])]
-        base = sorted(base, key=lambda k: rows[k]['kind']['tokens'] != tokens)[:1]  # same tokens first
+            spread += f" +- {stdev(p):.3f}"
+        base = min((k for k, b in rows.items() if k[0] == corpus and b['label'] == 'standard'
+                    and agree(b['kind'], row['kind'], SHAPE)),
+                   key=lambda k: rows[k]['kind']['tokens'] != tokens, default=None)  # same tokens first
         rel = '-'
         if base:
-            rel = f"{100 * (statistics.mean(p) / statistics.mean(ppl[base[0]]) - 1):+.1f}%"
-            if rows[base[0]]['kind']['tokens'] != tokens:  # never compared silently
-                rel += f" at {tokens / rows[base[0]]['kind']['tokens']:.2f}x its tokens"
+            rel = f"{100 * (mean(p) / mean(ppl[base]) - 1):+.1f}%"
+            if rows[base]['kind']['tokens'] != tokens:  # never compared silently
+                rel += f" at {tokens / rows[base]['kind']['tokens']:.2f}x its tokens"
         ratio, ref = token_ratio(row, rows, corpus)
-        if ref is not None:
-            used.setdefault(corpus, set()).add(id(ref))
+        if ref:
+            used.add(ref)
         qk = [r['evals'][-1].get('qk') for r in row['runs'] if r['evals']]
         nonlin = [median_layer(q, 'nonlinear') for q in qk if q]
-        dts = [statistics.mean(d for s in q for d in s.get('dt', [])) for q in qk if q and q[0].get('dt')]
+        dts = [mean(d for s in q for d in s.get('dt', [])) for q in qk if q and q[0].get('dt')]
         ms = [m for r in row['runs'] for m in r['ms'][1:] or r['ms']]
         print(f"| {corpus} | {name} | {len(p)} | {spread} | {rel} | {ratio} | "
-              f"{f'{100 * statistics.mean(nonlin):.2f}%' if nonlin else '-'} | "
-              f"{f'{statistics.mean(dts):.3f}' if dts else '-'} | {tokens:,} | "
-              f"{f'{statistics.median(ms):.0f}' if ms else '-'} |")
-    for corpus in sorted(used):
-        refs = [f"{name} ({len(ppl[c, name])} seed{'s' * (len(ppl[c, name]) > 1)}, {len(curve(r))} evals to "
-                f"{curve(r)[-1][0]:,} tokens)"
-                for (c, name), r in rows.items() if id(r) in used[corpus]]
-        n = next(r for (c, _), r in rows.items() if id(r) in used[corpus])['runs'][0]['config'].get('eval_iters')
+              f"{f'{100 * mean(nonlin):.2f}%' if nonlin else '-'} | "
+              f"{f'{mean(dts):.3f}' if dts else '-'} | {tokens:,} | "
+              f"{f'{median(ms):.0f}' if ms else '-'} |")
+    for corpus in sorted({c for c, _ in used}):
+        keys = [k for k in rows if k in used and k[0] == corpus]
+        refs = [f"{k[1]} ({len(ppl[k])} seed{'s' * (len(ppl[k]) > 1)}, {len(curve(rows[k]))} evals to "
+                f"{curve(rows[k])[-1][0]:,} tokens)" for k in keys]
+        n = rows[keys[0]]['runs'][0]['config'].get('eval_iters')
         print(f"\n{corpus}: 'standard tokens to match' reads the curve of {' and '.join(refs)}: its {n}-batch "
-              f"validation estimates, mean over seeds, at the first crossing of each row's final estimate, linearly "
-              f"interpolated between evals. Estimates are noisy, and a point mid-run is not the end of a run that "
-              f"long (its learning rate has not decayed yet): standard's own row calibrates the reading")
+              f"validation estimates, mean over seeds, where they first reach each row's final estimate (interpolated "
+              f"between evals). Estimates are noisy, and a mid-run point is not the end of a run (its learning "
+              f"rate has not decayed yet): standard's own row calibrates the reading")
     for note in notes:
         print(note, file=sys.stderr)
 
@@ -280,10 +268,10 @@ def plot_curves(rows, path):
             per_seed = [{e['tokens']: e['val_loss'] for e in r['evals']} for r in row['runs']]
             t = [x for x, _ in curve(row)][1:]  # from the first eval after step 0
             ys = [[math.exp(min(p[x], 700)) for p in per_seed] for x in t]  # a diverged run: off the chart
-            ax.plot([x / 1e6 for x in t], [statistics.mean(y) for y in ys], label=name, lw=1.3, color=colors[name],
+            t = [x / 1e6 for x in t]
+            ax.plot(t, [mean(y) for y in ys], label=name, lw=1.3, color=colors[name],
                     ls='--' if row['kind'].get('attn') == 'standard' else '-')
-            ax.fill_between([x / 1e6 for x in t], [min(y) for y in ys], [max(y) for y in ys], alpha=0.15,
-                            color=colors[name])
+            ax.fill_between(t, [min(y) for y in ys], [max(y) for y in ys], alpha=0.15, color=colors[name])
         ax.set(xlabel='tokens (millions)', title=corpus, yscale='log')
         ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
@@ -298,8 +286,8 @@ def plot_curves(rows, path):
     print(f"wrote {path}", file=sys.stderr)
 
 
-# -----------------------------------------------------------------------------------------------------------
-# --plan: the paper's 60M WikiText-103 ablation on one GPU. Each run is $R, its flags and a folder under runs/60m.
+# -----------------------------------------------------------------------------
+# --plan: the paper's 60M WikiText-103 ablation on one GPU, a command per run.
 # 20,000 iterations of 32 x 4 x 512 tokens = 1.31B tokens (our choice: the paper's budget is not public).
 
 RECIPE = ("python train.py --preset=60m --dataset=wikitext103 --block_size=512 --batch_size=32 "
@@ -314,8 +302,8 @@ UTILISATION = 0.35
 
 
 def plan():
-    """The GPU recipe as a markdown table: each run's command, tokens and its training time from the FLOP model at
-    35% of the GPU's bf16 peak (evaluation adds ~1%)."""
+    """The GPU recipe as a markdown table: each run's command, tokens and training time from the FLOP model at
+    UTILISATION of the GPU's bf16 peak (evaluation adds ~1%)."""
     flags = lambda text: dict(a.removeprefix('--').split('=', 1) for a in text.split() if a.startswith('--'))
     base, peaks = flags(RECIPE), dict(GPU_PEAK_FLOPS)
     print(f"R=\"{RECIPE}\"\n")
@@ -331,13 +319,12 @@ def plan():
               + ' | '.join(f"{h * 60:.0f} min" if h < 2 else f"{h:.1f} h" for h in hours) + ' |')
 
 
-# -----------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 # timing
 
 def keep_freed_memory():
-    """glibc hands large freed blocks back to the OS, so each training step of a GPT-2-vocabulary model page-faults
-    its 200 MB logits back in: on our 2-core VM +10% time and +-5% noise, on whichever variant allocates next. Keep
-    freed memory in the process, as PyTorch's CUDA allocator does. Linux/glibc only."""
+    """glibc returns large freed blocks to the OS, so each step of a GPT-2-vocabulary model page-faults its 200 MB
+    logits back in (+10% time, +-5% noise on our 2-core VM). Keep them, as PyTorch's CUDA allocator does. glibc only."""
     try:
         mallopt = ctypes.CDLL(ctypes.util.find_library('c')).mallopt
     except (OSError, AttributeError, TypeError):
@@ -367,52 +354,42 @@ def timing(args, variants, modes, device):
         opt = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
         models[v] = (model, torch.compile(model) if args.compile == 'True' else model, opt)
 
-    def step_train(model, fwd, opt, x):
-        with autocast:
-            loss = fwd(x, x)[1]
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    @torch.no_grad()
-    def step_forward(model, fwd, opt, x):
-        with autocast:
-            fwd(x)
-
-    @torch.no_grad()
-    def step_generate(model, fwd, opt, x, use_cache):
-        with autocast:
-            model.generate(x[:1, :1], args.new_tokens, temperature=0, use_cache=use_cache)
-
-    jobs = []  # (mode label, step function, tokens per call)
-    if 'train' in modes:
-        jobs.append(('train', step_train, B * T))
-    if 'forward' in modes:
-        jobs.append(('forward', step_forward, B * T))
-    if 'generate' in modes:
-        jobs.append(('generate', lambda *a: step_generate(*a, True), args.new_tokens))
-        jobs.append(('generate-nocache', lambda *a: step_generate(*a, False), args.new_tokens))
     x = torch.randint(0, args.vocab_size, (B, T), device=device)
+
+    def step(mode, model, fwd, opt):  # one timed call
+        if mode == 'train':
+            with autocast:
+                loss = fwd(x, x)[1]
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return
+        with torch.no_grad(), autocast:
+            if mode == 'forward':
+                fwd(x)
+            else:  # with the KV cache, or recomputing the context
+                model.generate(x[:1, :1], args.new_tokens, temperature=0, use_cache=mode == 'generate')
+
     cfg0 = models['standard'][0].config
     print(f"bench: preset {args.preset} ({cfg0.n_layer}x{cfg0.n_embd}, {cfg0.n_head} heads), batch {B}x{T}, vocab "
           f"{args.vocab_size}, {device} ({torch.get_num_threads()} threads), {args.dtype}, compile={args.compile}")
     results = {}
-    for mode, fn, ntok in jobs:
+    for mode in [m for m in (*MODES, 'generate-nocache') if m.split('-')[0] in modes]:
         # generation is slow to time: 1/3 of the rounds; recomputation (O(n^2) work) once, warmed up by the cached run
         iters = {'generate': max(1, args.iters // 3), 'generate-nocache': 1}.get(mode, args.iters)
         start = time.perf_counter()
         for v in variants:  # warm-up (and compilation)
             for _ in range({'generate': 1, 'generate-nocache': 0}.get(mode, args.warmup)):
-                fn(*models[v], x)
+                step(mode, *models[v])
         warm = time.perf_counter() - start
         times, peak = {v: [] for v in variants}, {}
-        for r in range(iters):  # interleaved, the order reversed every other round (A B B A ...): drift in machine
-            for v in (variants if r % 2 == 0 else variants[::-1]):  # speed, and whichever runs first, hit all alike
+        for r in range(iters):  # A B B A ...: drift in machine speed, and going first, hit all alike
+            for v in (variants if r % 2 == 0 else variants[::-1]):
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
                 sync()
                 t0 = time.perf_counter()
-                fn(*models[v], x)
+                step(mode, *models[v])
                 sync()
                 times[v].append(time.perf_counter() - t0)
                 if cuda:
@@ -420,17 +397,16 @@ def timing(args, variants, modes, device):
             spent = time.perf_counter() - start
             print(f"  {mode}: round {r + 1}/{iters} | warm-up {warm:.0f} s | {spent:.0f} s so far, about "
                   f"{(spent - warm) / (r + 1) * (iters - r - 1):.0f} s left", flush=True)
+        ntok = args.new_tokens if mode.startswith('generate') else B * T
         for v in variants:
-            ms = 1000 * statistics.median(times[v])
-            # the ratio pairs each round's time with standard's in the same round, then takes the median: a slow
-            # spell of the machine (a shared VM: +-10% for seconds) then cancels instead of landing on one variant
-            ratio = statistics.median(t / t0 for t, t0 in zip(times[v], times['standard']))
+            ms = 1000 * median(times[v])
+            # the median of each round's ratio to standard's: a slow spell (shared VM: +-10% for seconds) cancels
+            ratio = median(t / t0 for t, t0 in zip(times[v], times['standard']))
             results[(v, mode)] = dict(attn=v, mode=mode, ms_per_iter=ms, tokens_per_s=ntok / ms * 1000,
                                       ratio_vs_standard=ratio, peak_mem_mb=peak.get(v), iters=iters,
                                       flop_model_ratio=flop_ratio(models[v][0].config, T) if mode == 'train' else None)
-    for (v, mode), r in results.items():
-        if mode == 'generate-nocache':
-            r['cache_speedup'] = r['ms_per_iter'] / results[(v, 'generate')]['ms_per_iter']
+            if mode == 'generate-nocache':  # after 'generate'
+                results[(v, mode)]['cache_speedup'] = ms / results[(v, 'generate')]['ms_per_iter']
     return results
 
 
@@ -448,18 +424,17 @@ def print_timing(results, args):
                   f"as recomputing the context (a full forward pass per new token)")
     flops = {r['attn']: r['flop_model_ratio'] for r in results.values() if r['flop_model_ratio']}
     if len(flops) > 1:
-        print("FLOP model: vs standard, " + ', '.join(f"{v} {100 * (e - 1):+.2f}%" for v, e in flops.items()
-                                                     if v != 'standard')
-              + " to a training step (matmuls, attention, and the dynamics' elementwise work; a perfect "
-                "implementation's ratio)")
+        extra = ', '.join(f"{v} {100 * (e - 1):+.2f}%" for v, e in flops.items() if v != 'standard')
+        print(f"FLOP model: vs standard, {extra} to a training step (matmuls, attention and the dynamics' "
+              "elementwise work)")
 
 
-# -----------------------------------------------------------------------------------------------------------
-# --gpu_check: what to run first when a GPU is at hand, as one command
+# -----------------------------------------------------------------------------
+# --gpu_check: the first thing to run on a GPU
 
 def gpu_check(args, device):
-    """(a) bench.py's training step at the given preset in bf16, eager and compiled; (b) standard and coupled
-    trained side by side on pydocs (offline) for --train_iters iterations; then one table."""
+    """bench.py's training step at the preset in bf16, eager and compiled; then standard and coupled trained side
+    by side on pydocs (offline) for --train_iters iterations; one table."""
     here = os.path.dirname(os.path.abspath(__file__))
     out = os.path.join(args.out, time.strftime('%Y%m%d-%H%M%S'))
     t_start = time.time()
@@ -470,40 +445,40 @@ def gpu_check(args, device):
         print_timing(res, args)
         steps[compiled] = res[('coupled', 'train')]['ratio_vs_standard']
     import prepare_data
-    data_dir = args.data_dir
-    prepare_data.prepare('pydocs', data_dir=data_dir)
-    finals, logs = {}, {}
+    prepare_data.prepare('pydocs', data_dir=args.data_dir)
+    finals, logs, tenth = {}, {}, max(1, args.train_iters // 10)
     for attn in ('standard', 'coupled'):
-        cmd = [sys.executable, os.path.join(here, 'train.py'), f'--attn={attn}', f'--preset={args.preset}',
-               f'--device={device}', f'--dtype={args.dtype}', f'--compile={args.train_compile}',
-               f'--batch_size={args.batch_size}', f'--block_size={args.block_size}', f'--max_iters={args.train_iters}',
-               f'--eval_interval={args.train_iters}', f'--log_interval={max(1, args.train_iters // 10)}',
-               f'--warmup_iters={max(1, args.train_iters // 10)}', '--learning_rate=1e-3', '--min_lr=1e-4',
-               f'--eval_iters={args.eval_iters}', f'--data_dir={data_dir}', f'--out_dir={os.path.join(out, attn)}']
+        flags = dict(attn=attn, preset=args.preset, device=device, dtype=args.dtype, compile=args.train_compile,
+                     batch_size=args.batch_size, block_size=args.block_size, max_iters=args.train_iters,
+                     eval_interval=args.train_iters, log_interval=tenth, warmup_iters=tenth, learning_rate='1e-3',
+                     min_lr='1e-4', eval_iters=args.eval_iters, data_dir=args.data_dir, out_dir=os.path.join(out, attn))
+        cmd = [sys.executable, os.path.join(here, 'train.py')] + [f'--{k}={v}' for k, v in flags.items()]
         print(f"\ntraining {attn}: {' '.join(cmd[1:])}", flush=True)
         if subprocess.run(cmd).returncode != 0:
             sys.exit(f"error: the {attn} training run failed; its output is above")
         log = read_log(os.path.join(out, attn, 'metrics.jsonl'))
         logs[attn] = [r for r in log if r['event'] == 'train'][1:]  # the first includes compilation
         finals[attn] = [r for r in log if r['event'] == 'final'][-1]
-    mean = lambda attn, k: statistics.mean(r[k] for r in logs[attn] if r.get(k) is not None) if any(
-        r.get(k) is not None for r in logs[attn]) else None
+
+    def logged(attn, k):  # the mean; None: not logged (MFU needs CUDA)
+        xs = [r[k] for r in logs[attn] if r.get(k) is not None]
+        return mean(xs) if xs else None
+
     print(f"\ngpu check: {torch.cuda.get_device_name(device) if device.startswith('cuda') else device}, "
           f"preset {args.preset}, {args.batch_size}x{args.block_size} tokens, {args.dtype}; "
           f"{time.time() - t_start:.0f} s")
     print(f"bench.py training step, coupled / standard: eager {steps['False']:.3f}, compiled {steps['True']:.3f}")
-    print("| train.py, {} iterations | standard | coupled | coupled / standard |\n|---|---|---|---|".format(
-        args.train_iters))
+    print(f"| train.py, {args.train_iters} iterations | standard | coupled | coupled / standard |\n|---|---|---|---|")
     for key, label, fmt in (('ms', 'ms/iter', '{:.1f}'), ('tok_s', 'tokens/s', '{:,.0f}'), ('mfu', 'MFU', '{:.1%}')):
-        a, b = mean('standard', key), mean('coupled', key)
-        cell = lambda v: fmt.format(v) if v is not None else '- (no CUDA)'
-        print(f"| {label} | {cell(a)} | {cell(b)} | {f'{b / a:.3f}' if a and b else '-'} |")
+        a, b = logged('standard', key), logged('coupled', key)
+        cells = [fmt.format(v) if v is not None else '- (no CUDA)' for v in (a, b)]
+        print(f"| {label} | {cells[0]} | {cells[1]} | {f'{b / a:.3f}' if a and b else '-'} |")
     a, b = finals['standard']['val_loss'], finals['coupled']['val_loss']
     print(f"| val loss (full split) | {a:.4f} | {b:.4f} | {b - a:+.4f} |")
     print(f"runs in {out}")
 
 
-# -----------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not a usage dump
@@ -517,7 +492,7 @@ def main():
     p.add_argument('--mode', default='train,forward,generate', help='comma-separated, from: ' + ', '.join(MODES))
     p.add_argument('--batch_size', type=int, help='default 4 (--gpu_check: 16)')
     p.add_argument('--block_size', type=int, help='default 256 (--gpu_check: 1024)')
-    p.add_argument('--vocab_size', type=int, default=50257, help='GPT-2 by default, as in the paper')
+    p.add_argument('--vocab_size', type=int, default=50257, help="GPT-2's, as in the paper")
     p.add_argument('--qk_steps', type=int, default=1)
     p.add_argument('--qk_hidden', type=int, default=GPTConfig.qk_hidden, help='hidden width of the potential')
     p.add_argument('--new_tokens', type=int, default=256, help='tokens generated in --mode=generate')
@@ -526,13 +501,12 @@ def main():
     p.add_argument('--device', default='auto')
     p.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'], help='default float32 (--gpu_check: bf16)')
     p.add_argument('--compile', default='False', choices=['True', 'False'])
-    p.add_argument('--json_out', default='', help='write one JSON record per (variant, mode) to this file')
-    p.add_argument('--report', default='', help='instead of timing: tabulate train.py runs in or under these '
-                                               'comma-separated folders')
-    p.add_argument('--plot', default='', help='with --report: draw the learning curves of every row into this file')
+    p.add_argument('--json_out', help='a JSON record per (variant, mode) into this file')
+    p.add_argument('--report', help='instead of timing: tabulate the train.py runs under these comma-separated folders')
+    p.add_argument('--plot', help="with --report: draw each row's learning curve into this file")
     p.add_argument('--plan', action='store_true', help="print the paper's 60M ablation as GPU commands with their cost")
-    p.add_argument('--gpu_check', action='store_true', help='the prepared GPU check: bench at 60m in bf16, eager and '
-                   'compiled, then standard and coupled trained side by side on pydocs')
+    p.add_argument('--gpu_check', action='store_true', help='bench at 60m in bf16, eager and compiled; '
+                   'then train standard and coupled on pydocs')
     p.add_argument('--train_iters', type=int, default=300, help='--gpu_check: training iterations per variant')
     p.add_argument('--train_compile', default='True', choices=['True', 'False'], help='--gpu_check: compile training')
     p.add_argument('--eval_iters', type=int, default=20, help='--gpu_check: batches of the periodic val estimate')
@@ -547,21 +521,19 @@ def main():
         return plan()
     gpu = dict(preset='60m', dtype='bfloat16', batch_size=16, block_size=1024) if args.gpu_check else {}
     for k, default in dict(preset='small', dtype='float32', batch_size=4, block_size=256).items():
-        if getattr(args, k) is None:  # flags win; then the GPU check's shape; then the CPU-friendly defaults
+        if getattr(args, k) is None:  # a flag wins, then the GPU check's shape, then the CPU-friendly one
             setattr(args, k, gpu.get(k, default))
-    for name, low in (('iters', 1), ('warmup', 0), ('batch_size', 1), ('block_size', 1), ('new_tokens', 1),
-                      ('vocab_size', 2), ('qk_steps', 1), ('train_iters', 1), ('eval_iters', 1)):
+    for name, low in dict(iters=1, warmup=0, batch_size=1, block_size=1, new_tokens=1, vocab_size=2, qk_steps=1,
+                          train_iters=1, eval_iters=1).items():
         if getattr(args, name) < low:
             p.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
     if args.json_out and not os.path.isdir(os.path.dirname(os.path.abspath(args.json_out))):
         p.error(f"--json_out={args.json_out}: its folder does not exist; create it first (nothing was timed)")
     variants, modes = args.attn.split(','), args.mode.split(',')
-    for v in variants:
-        if v not in attn_names():
-            p.error(f"--attn: {v!r} is not one of {', '.join(attn_names())}")
-    for m in modes:
-        if m not in MODES:
-            p.error(f"--mode: {m!r} is not one of {', '.join(MODES)}")
+    for flag, given, known in (('attn', variants, attn_names()), ('mode', modes, MODES)):
+        for x in given:
+            if x not in known:
+                p.error(f"--{flag}: {x!r} is not one of {', '.join(known)}")
     if 'standard' not in variants:
         variants.insert(0, 'standard')  # every ratio is against standard
     device = args.device if args.device != 'auto' else 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -570,8 +542,7 @@ def main():
     if device.startswith('cuda') and not torch.cuda.is_available():
         p.error(f"--device={device} but CUDA is not available here; use --device=cpu")
     if device == 'mps' and not torch.backends.mps.is_available():
-        p.error("--device=mps but Apple's MPS is not available here (it needs macOS on Apple silicon); use "
-                "--device=cpu")
+        p.error("--device=mps but Apple's MPS is not available here (macOS on Apple silicon only); use --device=cpu")
     torch.backends.cuda.matmul.allow_tf32 = True
     if not device.startswith('cuda'):
         keep_freed_memory()
@@ -580,11 +551,10 @@ def main():
     results = timing(args, variants, modes, device)
     print_timing(results, args)
     if args.json_out:
+        run = dict(preset=args.preset, batch_size=args.batch_size, block_size=args.block_size, device=device,
+                   dtype=args.dtype, compile=args.compile == 'True', threads=torch.get_num_threads())
         with open(args.json_out, 'w') as f:
-            for r in results.values():
-                f.write(json.dumps(r | dict(preset=args.preset, batch_size=args.batch_size, block_size=args.block_size,
-                                            device=device, dtype=args.dtype, compile=args.compile == 'True',
-                                            threads=torch.get_num_threads())) + '\n')
+            f.writelines(json.dumps(r | run) + '\n' for r in results.values())
         print(f"wrote {args.json_out}")
 
 

@@ -6,11 +6,10 @@ Turn a corpus into token files for train.py: data/<name>/{train,val[,test]}.bin 
   python prepare_data.py pubmed                   # 1,000 PubMed abstracts (download, 2.6 MB): the paper's domain text
   python prepare_data.py web                      # 1,000 C4 web pages (download, 0.9 MB): the paper's web text
   python prepare_data.py wikitext103              # the paper's corpus (download, 190 MB zip), GPT-2 tokens
-  python prepare_data.py web --input=c4-sample.00000-of-00001.json.gz   # offline: a local copy of the same file
   python prepare_data.py --input=PATH --name=NAME # any local .txt/.jsonl/.jsonl.gz file, or a folder of them
 
-Each document is followed by an end-of-text token: <|endoftext|> (50256) for gpt2, 256 for bytes.
-Outputs appear atomically (temp file, then rename), meta.json last; finished work is not redone without --force.
+Each document ends with an end-of-text token: <|endoftext|> (50256) for gpt2, 256 for bytes. Outputs appear
+atomically (temp file, then rename), meta.json last; finished work is redone only with --force.
 """
 import os
 import signal
@@ -21,7 +20,7 @@ def on_ctrl_c(signum, frame):  # Ctrl-C during the imports: one line, exit code 
     os._exit(130)
 
 
-if __name__ == '__main__':  # from here on (urllib and numpy take a while to import); not when imported
+if __name__ == '__main__':  # before urllib and numpy, slow to import; not when imported
     signal.signal(signal.SIGINT, on_ctrl_c)
 
 import argparse  # noqa: E402
@@ -33,30 +32,29 @@ import random  # noqa: E402
 import sys  # noqa: E402
 import sysconfig  # noqa: E402
 import time  # noqa: E402
-import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402
 import zipfile  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-# name -> where it comes from, its splits, and its default tokenizer (the paper's corpora default to gpt2)
+# name -> its default tokenizer and source
 CORPORA = {
     'pydocs': dict(tokenizer='bytes',
                    about="CPython's bundled reference docs (pydoc_data) + stdlib docstrings; offline"),
-    'shakespeare': dict(tokenizer='bytes', about='Tiny Shakespeare (karpathy/char-rnn), 1.1 MB',
+    'shakespeare': dict(tokenizer='bytes',
                         url='https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt',
                         sha256='86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed'),
-    'pubmed': dict(tokenizer='bytes', about='PubMedQA PQA-L: 1,000 PubMed abstracts (domain-coherent; the paper: -4.5%)',
+    'pubmed': dict(tokenizer='bytes',
                    url='https://raw.githubusercontent.com/pubmedqa/pubmedqa/1cbae8e92f72f20c8d3747cbb3bf5bc53554d997/'
                        'data/ori_pqal.json',
                    sha256='8b3276be8942ebbd77f3ddcda12c1749bf0e490045a736fd8438ee40cf37a41d'),
-    'web': dict(tokenizer='bytes', about='1,000 C4 web documents (heterogeneous; the paper: +10.3%)',
+    'web': dict(tokenizer='bytes',
                 url='https://raw.githubusercontent.com/allenai/OLMo/06c867c36986328ac31e3877faca286dba0925c3/'
                     'test_fixtures/c4-sample.00000-of-00001.json.gz',
                 sha256='75cdeb8bacc1fd115eaf338290fc7c6ac60e48c9f88d12250511666a201eee1c'),
-    'wikitext2': dict(tokenizer='gpt2', about='WikiText-2 raw (Merity et al.), train/valid/test',
+    'wikitext2': dict(tokenizer='gpt2',
                       url='https://wikitext.smerity.com/wikitext-2-raw-v1.zip', prefix='wikitext-2-raw/'),
-    'wikitext103': dict(tokenizer='gpt2', about='WikiText-103 raw, the paper\'s corpus, train/valid/test',
+    'wikitext103': dict(tokenizer='gpt2',
                         url='https://wikitext.smerity.com/wikitext-103-raw-v1.zip', prefix='wikitext-103-raw/'),
 }
 
@@ -65,8 +63,13 @@ class DataError(Exception):
     """Bad input or a failed download: reported as one line."""
 
 
-# ------------------------------------------------------------------------------------------------------------
-# tokenizers: text -> uint16 token arrays, each document followed by end-of-text
+def remove(path):  # if it is there
+    if os.path.exists(path):
+        os.remove(path)
+
+
+# -----------------------------------------------------------------------------
+# tokenizers: text -> uint16 token arrays
 
 def get_tokenizer(name):
     """encode: [text] -> [uint16 array]; decode: token ids -> text (end-of-text shown as <|endoftext|>)."""
@@ -97,8 +100,7 @@ def chunks(text, size=1 << 20):
 
 
 def write_tokens(tmp, docs, tok):
-    """Tokenize docs into the file tmp (the caller renames it, or removes it on failure); return (tokens, bytes):
-    the token count, and the UTF-8 size of the text, for bits per byte."""
+    """Tokenize docs into the file tmp; return (tokens, UTF-8 bytes of the text, for bits per byte)."""
     n, n_bytes = 0, 0
     with open(tmp, 'wb') as f:
         for doc in docs:
@@ -113,7 +115,7 @@ def write_tokens(tmp, docs, tok):
     return n, n_bytes
 
 
-# ------------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 # sources: each returns {split: [documents]}
 
 def download(url, dest, sha256=None, attempts=3):
@@ -123,7 +125,7 @@ def download(url, dest, sha256=None, attempts=3):
     tmp = f"{dest}.tmp{os.getpid()}"
     req = urllib.request.Request(url, headers={'User-Agent': 'coupled-qk-prepare-data/1.0 (python urllib)'})
     for attempt in range(1, attempts + 1):
-        try:  # the finally below removes the temp file whatever happens (Ctrl-C included)
+        try:  # the finally removes the temp file whatever happens (Ctrl-C included)
             with urllib.request.urlopen(req, timeout=30) as r, open(tmp, 'wb') as f:
                 total, got, t0 = int(r.headers.get('Content-Length') or 0), 0, time.time()
                 while block := r.read(1 << 20):
@@ -139,16 +141,15 @@ def download(url, dest, sha256=None, attempts=3):
                 raise DataError(f"{url} does not have the expected sha256; the file changed upstream")
             os.replace(tmp, dest)
             return dest
-        except (urllib.error.URLError, OSError, DataError) as e:
+        except (OSError, DataError) as e:  # URLError is an OSError
             reason = getattr(e, 'reason', e)
             if attempt == attempts:
-                raise DataError(f"cannot download {url} ({reason}); offline, give a copy of the same file with "
-                                f"--input=<path to {os.path.basename(url)}>, or use the built-in pydocs corpus")
+                raise DataError(f"cannot download {url} ({reason}); offline, give a copy of it with "
+                                f"--input=<path to {os.path.basename(url)}>, or use pydocs (built in)")
             print(f"\ndownload failed ({reason}); retry {attempt}/{attempts - 1} in {2 ** attempt} s")
             time.sleep(2 ** attempt)
         finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            remove(tmp)
 
 
 def sha256_of(path):
@@ -181,17 +182,18 @@ def pydocs():
             text = '\n\n'.join(p for p in parts if p)
             if text:
                 docs.append(text)  # one document per module
-    if sum(map(len, docs)) < 100_000:
-        raise DataError(f"found only {sum(map(len, docs))} characters of docs in {root}; use --input=PATH")
+    n = sum(map(len, docs))
+    if n < 100_000:
+        raise DataError(f"found only {n} characters of docs in {root}; use --input=PATH")
     return {'all': docs}
 
 
-JSONL = ('.jsonl', '.jsonl.gz', '.json.gz')  # one JSON object per line with a 'text' field (gzipped or not)
+JSONL = ('.jsonl', '.jsonl.gz', '.json.gz')  # JSON lines, gzipped or not
 
 
 def read_local(path, jsonl=None):
-    """A .txt file (one document), a .jsonl[.gz] file (one document per line, field 'text'), or a folder of them.
-    jsonl=True/False reads a file as JSON lines (gzipped or not) / as plain text whatever its name (named corpora)."""
+    """A .txt file (one document), a .jsonl[.gz] file (a document per line, field 'text'), or a folder of them.
+    jsonl=True/False: read as JSON lines / plain text whatever the name (a named corpus's file)."""
     if not os.path.exists(path):
         raise DataError(f"--input={path} does not exist; give a .txt/.jsonl/.jsonl.gz file or a folder of them")
     files = [path] if os.path.isfile(path) else sorted(
@@ -208,7 +210,7 @@ def read_local(path, jsonl=None):
             with (gzip.open(fn, 'rt', encoding='utf-8') if gzipped else open(fn, encoding='utf-8')) as f:
                 if not (fn.endswith(JSONL) if jsonl is None else jsonl):
                     docs.append(f.read())
-                    if jsonl is False and docs[-1].lstrip().startswith('{'):  # a plain-text corpus that is JSON
+                    if jsonl is False and docs[-1].lstrip().startswith('{'):
                         raise DataError(f"{fn} is JSON, not plain text")
                     continue
                 for i, line in enumerate(f, 1):
@@ -243,25 +245,24 @@ def pubmed(path):
 
 
 def wikitext(name, zpath):
-    c = CORPORA[name]
     try:
         with zipfile.ZipFile(zpath) as z:
             if z.testzip() is not None:  # CRC check of every member
                 raise zipfile.BadZipFile('CRC mismatch')
-            read = lambda s: z.read(c['prefix'] + f'wiki.{s}.raw').decode('utf-8')
+            read = lambda s: z.read(CORPORA[name]['prefix'] + f'wiki.{s}.raw').decode('utf-8')
             return {'train': [read('train')], 'val': [read('valid')], 'test': [read('test')]}
     except (zipfile.BadZipFile, KeyError) as e:
         raise DataError(f"{zpath} is not the expected WikiText archive ({e}); delete it and run again")
 
 
 def split_train_val(docs, val_fraction, seed=1337):
-    """Shuffle documents (fixed seed) and hold out the last val_fraction of the text; one document is split at a
-    line end, like nanoGPT's 90/10 split of Shakespeare."""
+    """Shuffle documents (fixed seed), hold out the last val_fraction of the text; one document: cut at a line end."""
     if not 0 < val_fraction < 1:
         raise DataError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
     if len(docs) == 1:
         text = docs[0]
-        cut = text.rfind('\n', 0, int(len(text) * (1 - val_fraction))) + 1 or int(len(text) * (1 - val_fraction))
+        cut = int(len(text) * (1 - val_fraction))
+        cut = text.rfind('\n', 0, cut) + 1 or cut
         return {'train': [text[:cut]], 'val': [text[cut:]]}
     docs = docs[:]
     random.Random(seed).shuffle(docs)
@@ -272,24 +273,24 @@ def split_train_val(docs, val_fraction, seed=1337):
     return {'train': docs[:i], 'val': docs[i:]}
 
 
-# ------------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 
 def write_dataset(out, corpus, input, name, source, tok, val_fraction):
-    """Read the source, split it, tokenize every split into temp files, then rename them and write meta.json."""
+    """Read and split the source, tokenize each split into a temp file, rename them, then write meta.json."""
     meta_path = os.path.join(out, 'meta.json')
     if corpus == 'pydocs':
         splits = pydocs()
     elif corpus is None:  # a local file or folder
         splits = read_local(input)
-    else:  # a named corpus: its file, downloaded (kept in out/) or a local copy of it
+    else:  # a named corpus: its file, downloaded into out/, or a local copy
         c = CORPORA[corpus]
         path = input or download(c['url'], os.path.join(out, os.path.basename(c['url'])), c.get('sha256'))
-        try:  # a named corpus is read in its own format, whatever the file is called
+        try:
             if corpus == 'pubmed':
                 splits = pubmed(path)
             elif corpus.startswith('wikitext'):
                 splits = wikitext(corpus, path)
-            else:  # shakespeare: one plain-text file; web: JSON lines with a 'text' field, gzipped or not
+            else:  # shakespeare: plain text; web: JSON lines, gzipped or not
                 splits = read_local(path, jsonl=corpus == 'web')
         except DataError as e:
             raise DataError(f"--input is not the {corpus} corpus's file ({os.path.basename(c['url'])}): {e}; give "
@@ -305,13 +306,11 @@ def write_dataset(out, corpus, input, name, source, tok, val_fraction):
             tmps[split] = os.path.join(out, f'{split}.bin.tmp{os.getpid()}')
             counts[split], sizes[split] = write_tokens(tmps[split], docs, tok)
             print(f"{split}: {len(docs):,} documents, {counts[split]:,} tokens, {sizes[split]:,} bytes of text")
-        if os.path.exists(meta_path):
-            os.remove(meta_path)  # the old meta must not vouch for new .bin files
+        remove(meta_path)  # the old meta must not vouch for new .bin files
         for split, tmp in tmps.items():
             os.replace(tmp, os.path.join(out, f'{split}.bin'))
         for stale in {'train', 'val', 'test'} - set(tmps):
-            if os.path.exists(os.path.join(out, f'{stale}.bin')):
-                os.remove(os.path.join(out, f'{stale}.bin'))
+            remove(os.path.join(out, f'{stale}.bin'))
         meta = dict(corpus=corpus or 'local', name=name, source=source, tokenizer=tok['name'],
                     vocab_size=tok['vocab_size'], eot_token=tok['eot'], dtype='uint16', tokens=counts, bytes=sizes,
                     val_fraction=val_fraction if 'test' not in counts else None,
@@ -321,22 +320,8 @@ def write_dataset(out, corpus, input, name, source, tok, val_fraction):
         os.replace(meta_path + '.tmp', meta_path)
     finally:
         for tmp in tmps.values():
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            remove(tmp)
     return meta
-
-
-def remove_debris(out):
-    """Temp files of a run that was killed (kill -9 leaves them): *.tmp<pid> whose process is gone."""
-    for fn in os.listdir(out):
-        stem, _, pid = fn.rpartition('.tmp')
-        if stem and pid.isdigit():
-            try:
-                os.kill(int(pid), 0)  # no error: still running, another prepare_data.py at work
-            except ProcessLookupError:  # its process is gone: debris
-                os.remove(os.path.join(out, fn))
-            except PermissionError:  # alive, and another user's: leave it
-                continue
 
 
 def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1, data_dir='data', force=False):
@@ -346,22 +331,31 @@ def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1
         raise DataError(f"unknown corpus {corpus!r}; choose one of {', '.join(CORPORA)}, or --input=PATH")
     name = name or corpus or os.path.basename(os.path.normpath(input)).split('.')[0]
     if name in ('.', '..') or os.path.basename(name) != name or '\\' in name or not name.strip():
-        raise DataError(f"--name={name!r} must be a plain folder name (it becomes {data_dir}/<name>/), e.g. --name=mine")
+        raise DataError(f"--name={name!r} must be a plain folder name ({data_dir}/<name>/), e.g. --name=mine")
     tokenizer = tokenizer or (CORPORA[corpus]['tokenizer'] if corpus else 'bytes')
     if tokenizer not in ('gpt2', 'bytes'):
         raise DataError(f"--tokenizer={tokenizer} is unknown; choose gpt2 or bytes")
     out = os.path.join(data_dir, name)
-    source = os.path.abspath(input) if input else CORPORA[corpus].get('url', CORPORA[corpus]['about'])
+    source = os.path.abspath(input) if input else CORPORA[corpus].get('url') or CORPORA[corpus]['about']
     meta_path = os.path.join(out, 'meta.json')
-    if os.path.isdir(out):
-        remove_debris(out)
+    if os.path.isdir(out):  # remove what a killed run (kill -9) left: *.tmp<pid> whose process is gone
+        for fn in os.listdir(out):
+            stem, _, pid = fn.rpartition('.tmp')
+            if stem and pid.isdigit():
+                try:
+                    os.kill(int(pid), 0)  # no error: alive, another prepare_data.py at work
+                except ProcessLookupError:  # its process is gone: debris
+                    os.remove(os.path.join(out, fn))
+                except PermissionError:  # alive, and another user's: leave it
+                    pass
     if os.path.exists(meta_path) and not force:
         try:
             meta = json.load(open(meta_path))
-            sizes_ok = all(os.path.getsize(os.path.join(out, f'{s}.bin')) == 2 * n for s, n in meta['tokens'].items())
+            done = meta['tokenizer'] == tokenizer and meta['source'] == source and all(
+                os.path.getsize(os.path.join(out, f'{s}.bin')) == 2 * n for s, n in meta['tokens'].items())
         except (ValueError, OSError, TypeError, AttributeError, KeyError):
-            meta, sizes_ok = {}, False
-        if meta.get('tokenizer') == tokenizer and meta.get('source') == source and sizes_ok:
+            done = False
+        if done:
             print(f"{out} is already prepared ({meta['tokens']} tokens); --force redoes it")
             return meta
         print(f"{out} holds another or an unreadable preparation; redoing it")
@@ -372,7 +366,7 @@ def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1
     lock = None
     try:
         lock = lock_folder(out, True, f"{out}/ is being read by a running train.py (or prepared by another "
-                                      "prepare_data.py); stop it first, or prepare under another --name")
+                                      "prepare_data.py); stop it first, or use another --name")
         meta = write_dataset(out, corpus, input, name, source, tok, val_fraction)
     except BaseException:
         for d in reversed(made):  # leave nothing behind
@@ -386,13 +380,13 @@ def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1
     return meta
 
 
-# ------------------------------------------------------------------------------------------------------------
-# the loader: what train.py reads, checked in full against meta.json before any training
+# -----------------------------------------------------------------------------
+# the loader: what train.py reads, all checked before any training
 
 def lock_folder(path, exclusive, refusal):
-    """flock on the dataset's folder: trainers share it, a preparation holds it alone, so a corpus is never rewritten
-    under a running trainer. Returns the file descriptor that holds the lock (closing it, or the process ending,
-    releases it); raises DataError(refusal) if another process holds it. (fcntl: Linux, macOS; not on Windows.)"""
+    """flock the dataset's folder: trainers share it, a preparation holds it alone, so a corpus is never rewritten
+    under a running trainer. Returns the lock's file descriptor (None without fcntl: Windows), or raises
+    DataError(refusal)."""
     try:
         import fcntl
     except ImportError:
@@ -407,16 +401,17 @@ def lock_folder(path, exclusive, refusal):
 
 
 def load(data_dir, name, block_size):
-    """data/<name>/ as prepare() wrote it: (meta, {split: path of its .bin}), every field and file checked, the
-    folder locked against re-preparation while this process runs. Raises DataError, one line saying what to do."""
+    """data/<name>/ as prepare() wrote it: (meta, {split: path of its .bin}), all checked, the folder locked
+    against re-preparation while this process runs."""
     path = os.path.join(data_dir, name)
-    again = f"run python prepare_data.py {name if name in CORPORA else '--input=PATH --name=' + name} --force"
-    if not os.path.isfile(os.path.join(path, 'meta.json')):
-        raise DataError(f"{path}/meta.json not found; prepare the corpus first: python prepare_data.py "
-                        f"{name if name in CORPORA else '--input=PATH --name=' + name}")
+    meta_path = os.path.join(path, 'meta.json')
+    command = f"python prepare_data.py {name if name in CORPORA else '--input=PATH --name=' + name}"
+    again = f"run {command} --force"
+    if not os.path.isfile(meta_path):
+        raise DataError(f"{meta_path} not found; prepare the corpus first: {command}")
     lock_folder(path, False, f"{path}/ is being prepared right now; wait for prepare_data.py to finish")
     try:
-        meta = json.load(open(os.path.join(path, 'meta.json')))
+        meta = json.load(open(meta_path))
         tokens, n_bytes, vocab = meta['tokens'], meta.get('bytes') or {}, meta['vocab_size']
         ok = (isinstance(tokens, dict) and {'train', 'val'} <= set(tokens) <= {'train', 'val', 'test'}
               and all(type(n) is int and n >= 0 for n in tokens.values()) and isinstance(n_bytes, dict)
@@ -425,7 +420,7 @@ def load(data_dir, name, block_size):
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         ok = False
     if not ok:
-        raise DataError(f"{path}/meta.json is corrupt (it needs train and val token counts, uint16 tokens, a "
+        raise DataError(f"{meta_path} is corrupt (it needs train and val token counts, uint16 tokens, a "
                         f"vocab_size of at most 65536); {again}")
     meta['bytes'] = n_bytes
     splits = {}
@@ -445,12 +440,12 @@ def load(data_dir, name, block_size):
 
 
 def windows(path, block_size, rank=0, world_size=1, n=64):
-    """Every token of a split once, for full-split evaluation: non-overlapping windows of block_size inputs and their
-    next tokens, the last window shorter (so each token's context runs from its window's start). Yields (x, y)
-    int64 arrays of up to n windows; under DDP each rank takes every world_size-th window."""
+    """Every token of a split once: non-overlapping windows of block_size inputs and their next tokens, the last
+    one shorter. Yields (x, y) int64 arrays of up to n windows; under DDP each rank takes every world_size-th."""
     data = np.fromfile(path, dtype=np.uint16).astype(np.int64)
     starts = list(range(0, len(data) - 1, block_size))[rank::world_size]
-    full, last = [i for i in starts if i + block_size < len(data)], [i for i in starts if i + block_size >= len(data)]
+    full = [i for i in starts if i + block_size < len(data)]
+    last = starts[len(full):]
     for group in [full[b:b + n] for b in range(0, len(full), n)] + [last] * bool(last):
         size = min(block_size, len(data) - 1 - group[0])
         yield np.stack([data[i:i + size] for i in group]), np.stack([data[i + 1:i + 1 + size] for i in group])
@@ -464,8 +459,8 @@ class Parser(argparse.ArgumentParser):
 if __name__ == '__main__':
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('corpus', nargs='?', help=f"one of {', '.join(CORPORA)} (default pydocs)")
-    p.add_argument('--input', help='a local copy of the named corpus\'s file; or, with no corpus, any local '
-                                   '.txt/.jsonl/.jsonl.gz file or folder of them')
+    p.add_argument('--input', help="a local copy of the corpus's file; with no corpus: any .txt/.jsonl/.jsonl.gz "
+                                   "file or folder of them")
     p.add_argument('--name', help='dataset name, data/<name>/ (default: the corpus or input file name)')
     p.add_argument('--tokenizer', choices=['gpt2', 'bytes'], help='default: gpt2 for wikitext, bytes otherwise')
     p.add_argument('--val_fraction', type=float, default=0.1, help='held out when a corpus has no val split')
@@ -474,7 +469,7 @@ if __name__ == '__main__':
     args = p.parse_args()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here a Ctrl-C removes what was begun
     try:
-        prepare(args.corpus, args.input, args.name, args.tokenizer, args.val_fraction, args.data_dir, args.force)
+        prepare(**vars(args))  # the flags are prepare()'s arguments
     except DataError as e:
         sys.exit(f"error: {e}")
     except OSError as e:  # a full disk, a read-only folder
