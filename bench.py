@@ -534,8 +534,7 @@ def main():
         for x in given:
             if x not in known:
                 p.error(f"--{flag}: {x!r} is not one of {', '.join(known)}")
-    if 'standard' not in variants:
-        variants.insert(0, 'standard')  # every ratio is against standard
+    variants = ['standard'] + [v for v in variants if v != 'standard']  # first: every ratio is against it
     device = args.device if args.device != 'auto' else 'cuda' if torch.cuda.is_available() else 'cpu'
     if device.split(':')[0] not in ('cpu', 'cuda', 'mps'):
         p.error(f"--device={device} is unknown; use auto, cpu, cuda, cuda:N or mps")
