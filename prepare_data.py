@@ -84,7 +84,7 @@ def get_tokenizer(name):
         enc = tiktoken.get_encoding('gpt2')
     except Exception as e:  # tiktoken downloads its BPE files on first use
         raise DataError(f"tiktoken could not load the GPT-2 BPE files ({type(e).__name__}); offline, export "
-                        "TIKTOKEN_CACHE_DIR=<dir with the cached files> or use --tokenizer=bytes")
+                        "TIKTOKEN_CACHE_DIR=<a folder of the cached files> (prepare_data.py: or --tokenizer=bytes)")
     return dict(name='gpt2', vocab_size=enc.n_vocab, eot=enc.eot_token, decode=enc.decode,
                 encode=lambda texts: [np.array(t, dtype=np.uint16) for t in enc.encode_ordinary_batch(texts)])
 

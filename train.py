@@ -2,7 +2,7 @@
 Train a GPT with any attention variant: one flat loop, nanoGPT-shaped. Every setting below is a flag.
 
   python train.py --attn=coupled                         # laptop CPU: tiny model on data/pydocs
-  python train.py --preset=60m --dataset=wikitext103 --attn=coupled --compile=True  # one GPU, the paper's scale
+  python train.py --preset=60m --dataset=wikitext103 --attn=coupled --compile=True  # one GPU (bench.py --plan)
   torchrun --standalone --nproc_per_node=8 train.py ...  # DDP (nccl on CUDA, gloo on CPU)
   python train.py --init_from=resume --out_dir=out       # continue a run; --eval_only=True, --sample="def " too
 
@@ -20,7 +20,8 @@ from contextlib import nullcontext, suppress
 from dataclasses import fields
 
 # Ctrl-C stops with one line and exit code 130, from the first line on (installed before the slow imports, whatever
-# was inherited), raising nothing an `except:` could swallow; a checkpoint being written is finished first
+# was inherited), raising nothing an `except:` could swallow; a checkpoint being written is finished first.
+# (ckpt_path and out_dir are set once the flags are read)
 phase, iter_num, saved_iter, saving, interrupted, master = 'before training', 0, None, False, False, True
 
 
@@ -158,6 +159,9 @@ def check(settings):  # the values of flags, and the types of a checkpoint's set
             die(f"--{k} must be {low}{f' and < {BELOW[k]}' if k in BELOW else ''} and finite, got {v}")
 
 
+# -----------------------------------------------------------------------------
+# flags; the out_dir's lock; settings from a checkpoint
+
 if {'-h', '--help'} & set(sys.argv[1:]):
     print(__doc__ + '\nflags and their defaults:\n' + '\n'.join(f"  --{k}={v}" for k, v in defaults.items()))
     sys.exit(0)
@@ -177,11 +181,11 @@ check(settings)
 
 # a run owns its out_dir: an exclusive lock on out_dir/train.lock, released by the OS however the process ends
 # (fcntl: Linux, macOS; not Windows). Then a scratch run refuses a folder with a run in it, and starts the log.
-writes = not (settings['eval_only'] or settings['sample'])
-if writes and int(os.environ.get('RANK', 0)) == 0:
+trains = not (settings['eval_only'] or settings['sample'])
+if trains and int(os.environ.get('RANK', 0)) == 0:
     try:
         os.makedirs(out_dir, exist_ok=True)
-        lock = open(os.path.join(out_dir, 'train.lock'), 'a+')
+        lock = open(os.path.join(out_dir, 'train.lock'), 'a+')  # held open (a global) until the process ends
         with suppress(ImportError):
             import fcntl
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -202,7 +206,7 @@ if writes and int(os.environ.get('RANK', 0)) == 0:
 
 # resume, eval, sample: every setting no flag gives comes from the checkpoint, except this command's own
 checkpoint = None
-if settings['init_from'] == 'resume' or not writes:
+if settings['init_from'] == 'resume' or not trains:
     if not os.path.exists(ckpt_path):
         die(f"no checkpoint at {ckpt_path}; train one with --init_from=scratch first, or point --out_dir at a run")
     try:
@@ -224,7 +228,7 @@ if settings['init_from'] == 'resume' or not writes:
     check(settings)
 config = settings  # this run's settings, saved in the checkpoint
 globals().update(settings)
-phase = 'before training' if writes else 'read only'
+phase = 'before training' if trains else 'read only'
 
 # -----------------------------------------------------------------------------
 # distributed and device setup
@@ -301,7 +305,7 @@ if checkpoint is not None:
 model.to(device)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
-if checkpoint is not None and writes:
+if checkpoint is not None and trains:
     try:
         optimizer.load_state_dict(checkpoint['optimizer'])
         if world_size == checkpoint.get('world_size', 1):  # the data position and dropout's RNG: exact resume
@@ -317,7 +321,7 @@ if checkpoint is not None and writes:
     print0(f"resuming from {ckpt_path} at iteration {iter_num} ({train_time:.0f} s trained)")
 checkpoint = None  # free memory
 raw_model = model
-if compile and writes:
+if compile and trains:
     print0("compiling the model... (takes a minute)")
     try:
         model = torch.compile(model)
@@ -338,32 +342,28 @@ def perplexity(loss):  # infinite for a diverged run, not an OverflowError
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss over eval_iters batches, for learning curves: the same batches at every eval of every run."""
-    out = []
+    """Mean loss over eval_iters batches, for learning curves: the same batches at every eval of every run, on every
+    rank, whatever the seed or the number of ranks."""
+    out = {}
     model.eval()
     for split in ('train', 'val'):
-        gen = torch.Generator().manual_seed(10_000 + rank)
-        losses = []
-        for _ in range(eval_iters):
+        gen, losses = torch.Generator().manual_seed(10_000), torch.zeros(eval_iters)
+        for k in range(eval_iters):
             with autocast:
-                losses.append(model(*get_batch(split, gen))[1].item())
-        out.append(sum(losses) / eval_iters)
+                losses[k] = model(*get_batch(split, gen))[1].item()
+        out[split] = losses.mean().item()
     model.train()
-    if ddp:  # average over ranks (each evaluated different batches)
-        t = torch.tensor(out, device=device)
-        torch.distributed.all_reduce(t)
-        out = (t / world_size).tolist()
-    return dict(zip(('train', 'val'), out))
+    return out
 
 
 @torch.no_grad()
 def full_eval():
-    """The loss over every token of val and test (prepare_data.windows): the paper's metric. Printed, and returned
+    """The loss over every token of val and test (prepare_data.windows): our metric. Printed, and returned
     with perplexity and bits per byte."""
     out = {}
     model.eval()
     for split in [s for s in ('val', 'test') if s in splits]:
-        nats = torch.zeros(2, dtype=torch.float64, device=device)  # the loss summed over tokens, the tokens
+        nats = torch.zeros(2, dtype=torch.float64, device=device)  # [loss summed over tokens, tokens]
         for x, y in prepare_data.windows(splits[split], block_size, rank, world_size, 8192 // block_size + 1):
             with autocast:
                 loss = raw_model(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))[1]
@@ -555,6 +555,9 @@ while True:
                + f" | eta {max(left, 0) / 60:.1f} min")
         log(dict(event='train', iter=iter_num, loss=lossf, lr=lr, ms=elapsed * 1000, tok_s=tokens_per_iter / elapsed,
                  mfu=mfu, tokens=tokens, time=train_time))
+
+# -----------------------------------------------------------------------------
+# the end: full-split evaluation, a sample, the DDP check
 
 phase = 'final'
 log(dict(event='final', iter=iter_num, tokens=tokens, time=train_time) | full_eval())
