@@ -482,19 +482,23 @@ def test_baselines_match_coupled_capacity_at_60m(attn):
     assert abs(other - coupled) / coupled <= 0.03
 
 
-@pytest.mark.parametrize('attn', ATTN)
-def test_a_few_adamw_steps_lower_the_loss(attn):
-    model = build(attn)
+def adamw_losses(model, steps=8):
+    """The loss before each of `steps` AdamW steps on one batch, and after the last."""
     opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), 'cpu')
-    idx = idx_batch(B=4)
-    first = None
-    for _ in range(8):
-        _, loss = model(idx[:, :-1], targets=idx[:, 1:])
-        first = loss.item() if first is None else first
+    idx, losses = idx_batch(B=4), []
+    for _ in range(steps):
+        loss = model(idx[:, :-1], targets=idx[:, 1:])[1]
+        losses.append(loss.item())
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert model(idx[:, :-1], targets=idx[:, 1:])[1].item() < first - 0.2
+    return losses + [model(idx[:, :-1], targets=idx[:, 1:])[1].item()]
+
+
+@pytest.mark.parametrize('attn', ATTN)
+def test_a_few_adamw_steps_lower_the_loss(attn):
+    losses = adamw_losses(build(attn))
+    assert losses[-1] < losses[0] - 0.2
 
 
 @pytest.mark.parametrize('qk_decay', [False, True])
@@ -634,15 +638,8 @@ def test_a_transform_added_to_the_table_alone_trains_is_costed_and_keeps_its_int
         assert all(qk.integrator == 'leapfrog' and qk.V.W.shape[1] == 24 for qk in qk_maps(m))
         assert sum(p.numel() for p in m.qk_parameters()) == sum(p.numel() for p in build(attn.replace(
             'wide-leapfrog', 'coupled')).qk_parameters()) + 2 * 4 * (12 * 8 + 2 * 12)  # 2 layers x 4 heads x 12 more
-        opt = m.configure_optimizers(0.1, 3e-3, (0.9, 0.95), 'cpu')
-        idx = idx_batch(B=4)
-        first = m(idx[:, :-1], targets=idx[:, 1:])[1].item()
-        for _ in range(8):
-            loss = m(idx[:, :-1], targets=idx[:, 1:])[1]
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        assert loss.item() < first - 0.2
+        losses = adamw_losses(m)
+        assert losses[-2] < losses[0] - 0.2
     cfg = GPTConfig(attn='wide-leapfrog', **PRESETS['60m'])
     assert flops_per_token(cfg, 512) > flops_per_token(GPTConfig(attn='coupled', **PRESETS['60m']), 512)
     r = run('-c', "import model, bench; from model import *; "
@@ -695,16 +692,8 @@ def test_a_yoshida_integrator_added_through_the_tables_alone_trains_is_priced_an
     monkeypatch.setitem(QK_TRANSFORMS, 'yoshida', QKTransform(
         Hamiltonian, lambda c: dict(integrator='yoshida', dt=c.qk_dt), lambda m: m,
         lambda hs, m, n: ((3 * n + 1) * 4 * m * hs, (3 * n + 1) * 10 * m + n * 20 * hs)))
-    model = build('yoshida')
-    opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), 'cpu')
-    idx = idx_batch(B=4)
-    first = model(idx[:, :-1], targets=idx[:, 1:])[1].item()
-    for _ in range(8):
-        loss = model(idx[:, :-1], targets=idx[:, 1:])[1]
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert loss.item() < first - 0.2
+    losses = adamw_losses(build('yoshida'))
+    assert losses[-2] < losses[0] - 0.2
     for steps in (1, 3):
         counted, priced = counted_and_priced_matmul_flops('yoshida', steps)
         assert counted == priced
