@@ -12,12 +12,14 @@ import gzip
 import hashlib
 import http.server
 import io
+import itertools
 import json
 import math
 import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -734,10 +736,184 @@ TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n
         "First Citizen:\nYou are all resolved rather to die than to famish? \u00e9\u00e8\u2014 caf\u00e9\n") * 40
 
 
-def run(script, *args, cwd=HERE, timeout=240, **popen):
-    env = dict(os.environ, OMP_NUM_THREADS='1')
-    return subprocess.run([sys.executable, script, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, **popen)
+# Every run of a script is a process of its own, as `python script args` is: its own pid, argv, working folder,
+# globals, stdout and stderr pipes, exit code and signals. On Linux it is forked from one warm Python that has
+# already imported what the scripts import (torch, and the torch._dynamo that AdamW loads: seconds each time), so a
+# run costs a fork, not those imports; elsewhere it is a fresh interpreter.
+
+RUN = r"""
+import json, os, runpy, signal, sys, threading, traceback
+def run(r):  # run `python *r['argv']` in this process (just forked, or fresh), after the python code r['patch']
+    os.chdir(r['cwd'])
+    os.environ.update(r['env'])
+    signal.signal(signal.SIGINT, signal.SIG_IGN if r['sigint_ignored'] else signal.default_int_handler)
+    if r['fsize']:  # files capped at this many bytes: a write past it fails as on a full disk
+        import resource
+        resource.setrlimit(resource.RLIMIT_FSIZE, (r['fsize'], r['fsize']))
+    argv, code = r['argv'], 0
+    if argv[0] == '-c':
+        sys.argv, sys.path[0] = ['-c', *argv[2:]], ''
+        main = lambda: exec(compile(argv[1], '<string>', 'exec'), {'__name__': '__main__'})
+    elif argv[0] == '-m':
+        sys.argv, sys.path[0] = argv[1:], os.getcwd()
+        main = lambda: runpy.run_module(argv[1], run_name='__main__', alter_sys=True)
+    else:
+        sys.argv, sys.path[0] = argv, os.path.dirname(os.path.abspath(argv[0]))
+        main = lambda: runpy.run_path(argv[0], run_name='__main__')
+    for name in ('model', 'prepare_data'):  # imported already, but the script's folder has its own: that one
+        mine = os.path.join(sys.path[0], name + '.py')
+        if name in sys.modules and os.path.isfile(mine) and not os.path.samefile(mine, sys.modules[name].__file__):
+            del sys.modules[name]
+    try:
+        exec(r['patch'], {'__name__': '__patch__'})
+        main()
+    except SystemExit as e:  # as the interpreter does: an int is the exit code, a string goes to stderr
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else print(e.code, file=sys.stderr) or 1
+    except BaseException as e:
+        traceback.print_exc()
+        code = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
+    threading._shutdown()  # then as at the interpreter's exit: threads joined, atexit, streams flushed
+    import atexit
+    atexit._run_exitfuncs()
+    sys.stdout.flush(), sys.stderr.flush()
+    if code == -signal.SIGINT:  # an uncaught Ctrl-C ends the interpreter by that signal
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+"""
+
+ZYGOTE = RUN + r"""
+import socket
+import numpy, torch, torch.distributed, torch.nn.parallel, model, prepare_data  # what train.py imports
+torch.optim.AdamW([torch.zeros(1, requires_grad=True)])  # which imports torch._dynamo
+sock = socket.socket(fileno=int(sys.argv[1]))
+
+
+def reap(*_):  # each run that ended: its exit code, or minus the signal that ended it, as subprocess says
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            return
+        sock.send(json.dumps(dict(pid=pid, code=os.waitstatus_to_exitcode(status))).encode())
+
+
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the tests reaches the runs, not this server
+signal.signal(signal.SIGCHLD, reap)
+while True:
+    msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)  # a run, and the write ends of its stdout and stderr
+    if not msg:
+        break  # the tests are over
+    r = json.loads(msg)
+    sys.stdout.flush(), sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        sock.close()
+        os.dup2(fds[0], 1), os.dup2(fds[1], 2)
+        run(r)
+    for fd in fds:
+        os.close(fd)
+    sock.send(json.dumps(dict(id=r['id'], pid=pid)).encode())
+"""
+FORK = sys.platform == 'linux'  # macOS: forking after torch's import is unsafe
+
+
+class Warm:
+    """The warm Python, started at the first run: it forks each run and says its pid, and later its exit code."""
+
+    def __init__(self):
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.server = subprocess.Popen([sys.executable, '-c', ZYGOTE, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                                       cwd=HERE, stdin=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS='1'))
+        theirs.close()
+        self.news, self.changed, self.ids = {}, threading.Condition(), itertools.count()
+        threading.Thread(target=self.listen, daemon=True).start()
+
+    def listen(self):
+        while msg := self.sock.recv(1 << 16):
+            m = json.loads(msg)
+            with self.changed:
+                self.news[('id', m['id']) if 'id' in m else m['pid']] = m['pid'] if 'id' in m else m['code']
+                self.changed.notify_all()
+
+    def answer(self, key, timeout):  # a started run's pid, or an ended one's exit code (None: not yet)
+        with self.changed:
+            self.changed.wait_for(lambda: key in self.news or self.server.poll() is not None, timeout)
+            assert self.server.poll() is None, 'the warm Python that forks the runs has stopped'
+            return self.news.pop(key, None)
+
+
+def warm(started=[], lock=threading.Lock()):  # one per session, whichever thread asks first
+    with lock:
+        if not started:
+            started.append(Warm())
+        return started[0]
+
+
+class Forked:
+    """A run forked by the warm Python, used as a subprocess.Popen is (it is not this process's child)."""
+
+    def __init__(self, request):
+        (out, out_w), (err, err_w) = os.pipe(), os.pipe()
+        request['id'] = next(warm().ids)
+        socket.send_fds(warm().sock, [json.dumps(request).encode()], [out_w, err_w])
+        os.close(out_w), os.close(err_w)
+        self.args, self.returncode = request['argv'], None
+        self.stdout, self.stderr = open(out, errors='replace'), open(err, errors='replace')
+        self.pid = warm().answer(('id', request['id']), timeout=120)
+
+    def poll(self):
+        if self.returncode is None:
+            self.returncode = warm().answer(self.pid, timeout=0)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        if self.returncode is None:
+            self.returncode = warm().answer(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def communicate(self, timeout=None):
+        with ThreadPoolExecutor(2) as pool:  # both pipes read at once: either may fill
+            reads = [pool.submit(f.read) for f in (self.stdout, self.stderr)]
+            try:
+                self.wait(timeout)
+            finally:
+                self.send_signal(signal.SIGKILL)  # past the timeout: ended, so that the reads end
+            out, err = [r.result() for r in reads]
+        self.stdout.close(), self.stderr.close()
+        return out, err
+
+
+def start(*argv, cwd=HERE, env=None, patch='', sigint_ignored=False, fsize=0):
+    """`python *argv` (a script and its arguments, or -c code, or -m module), started; a Popen. patch: python code
+    run first (e.g. to make the checkpoint write slow); sigint_ignored: as a shell's background job inherits it."""
+    request = dict(argv=[os.fsdecode(a) for a in argv], cwd=str(cwd), env=env or {}, patch=patch,
+                   sigint_ignored=sigint_ignored, fsize=fsize)
+    if FORK:
+        return Forked(request)
+    return subprocess.Popen([sys.executable, '-c', RUN + 'run(json.loads(sys.argv[1]))', json.dumps(request)],
+                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors='replace',
+                            env=dict(os.environ, OMP_NUM_THREADS='1'))
+
+
+def run(*argv, timeout=240, **kw):
+    """`python *argv`, run to its end; a CompletedProcess."""
+    p = start(*argv, **kw)
+    out, err = p.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
+def scripts(*calls, **kw):  # each call (script, arg, ...) run, one after another
+    return [run(*call, **kw) for call in calls]
 
 
 def one_line_error(r, words):
@@ -751,10 +927,10 @@ def read_bin(path):
 
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory):
-    """A small real corpus: Python's own docs (offline), bytes tokenizer, cut to 300k/30k tokens so runs are quick."""
+    """A small real corpus: Python's own docs (offline), bytes tokenizer, cut to 300k/8k tokens so runs are quick."""
     d = tmp_path_factory.mktemp('data')
     meta = prepare_data.prepare('pydocs', data_dir=str(d))
-    for split, n in (('train', 300_000), ('val', 30_000)):
+    for split, n in (('train', 300_000), ('val', 8_000)):
         tokens = read_bin(d / 'pydocs' / f'{split}.bin')[:n]
         tokens.tofile(d / 'pydocs' / f'{split}.bin')
         meta['tokens'][split], meta['bytes'][split] = len(tokens), int((tokens != 256).sum())  # 256: end of text
@@ -987,50 +1163,15 @@ def test_a_named_corpus_from_the_wrong_file_is_refused_in_one_line(tmp_path, nam
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# train.py. Most checks run several invocations in one Python process (scripts()): each exactly as `python train.py
-# ...` runs (its own argv, fresh globals, its own stdout and stderr), but torch is imported once. Ctrl-C, locks, DDP,
-# a full disk and compile get processes of their own.
+# train.py
 
-SMALL = ['--n_layer=2', '--batch_size=4', '--block_size=32', '--eval_iters=2', '--log_interval=1']
-
-DRIVER = r"""
-import builtins, contextlib, io, json, os, runpy, signal, sys, traceback
-results, opened, _open = [], [], open
-builtins.open = lambda *a, **k: opened.append(_open(*a, **k)) or opened[-1]  # what a run opens
-for script, argv in json.loads(sys.argv[1]):
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    sys.argv, sys.path[0] = [script] + argv, os.path.dirname(os.path.abspath(script))  # as `python script` does
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            runpy.run_path(script, run_name='__main__')
-        except SystemExit as e:  # as the interpreter does: an int is the exit code, a string goes to stderr
-            code = e.code if isinstance(e.code, int) else 0 if e.code is None else print(e.code, file=sys.stderr) or 1
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    while opened:  # what it left open (its out_dir's lock) closes, as at its exit
-        opened.pop().close()
-    results.append([code, out.getvalue(), err.getvalue()])
-print('\n' + json.dumps(results))
-"""
-
-
-def scripts(*calls, patch='', cwd=HERE, env=None, timeout=600):
-    """Run calls (script, arg, ...) one after another in one Python process, after the python code `patch`; return
-    a CompletedProcess for each."""
-    env = dict(os.environ, OMP_NUM_THREADS='1', **(env or {}))
-    r = subprocess.run([sys.executable, '-c', patch + DRIVER, json.dumps([[c[0], list(map(str, c[1:]))] for c in calls])],
-                       cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0 and r.stdout.strip(), r.stderr[-3000:]
-    return [subprocess.CompletedProcess(c, *x) for c, x in zip(calls, json.loads(r.stdout.strip().splitlines()[-1]))]
-
+SMALL = ['--n_layer=2', '--batch_size=4', '--block_size=32', '--eval_iters=2', '--log_interval=1', '--sample_tokens=0']
 
 def train(corpus, out_dir, *args, timeout=240, **kw):  # one train.py in a process of its own
     return run('train.py', f'--data_dir={corpus}', f'--out_dir={out_dir}', *SMALL, *args, timeout=timeout, **kw)
 
 
-def trains(corpus, out_dir, *args):  # train.py's arguments for scripts()
+def trains(corpus, out_dir, *args):  # train.py and its arguments, for run(), start(), scripts()
     return ('train.py', f'--data_dir={corpus}', f'--out_dir={out_dir}', *SMALL, *args)
 
 
@@ -1263,9 +1404,7 @@ def test_time_budget_stops_the_run_and_counts_across_a_resume(corpus, tmp_path):
 
 def test_ctrl_c_says_where_to_resume(corpus, tmp_path):
     out = tmp_path / 'a run'  # a space: the hint quotes it, so it can be pasted
-    p = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={out}', *SMALL,
-                          '--max_iters=100000', '--eval_interval=5'], cwd=HERE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    p = start(*trains(corpus, out, '--max_iters=100000', '--eval_interval=5'))
     wait_for(out / 'ckpt.pt')
     time.sleep(0.5)
     p.send_signal(signal.SIGINT)
@@ -1299,13 +1438,10 @@ def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(corpus, tmp_p
     assert r.returncode == 0, r.stderr[-2000:]
     assert 'ddp check: 2 ranks, identical weights: True, distinct batches: True' in r.stdout
     assert '2 process(es)' in r.stdout
-    ranked = run('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu',
-                 f'--out_dir={tmp_path}', '--eval_only=True')
-    assert ranked.returncode == 0, ranked.stderr[-2000:]
     single, resumed = scripts(('train.py', f'--out_dir={tmp_path}', '--eval_only=True'),
                               ('train.py', f'--out_dir={tmp_path}', '--init_from=resume', '--max_iters=8'))
     full = lambda out: float(re.search(r'full val split: loss ([\d.]+)', out).group(1))
-    assert full(ranked.stdout) == pytest.approx(full(single.stdout), abs=2e-4)  # the ranks share the windows
+    assert full(r.stdout) == pytest.approx(full(single.stdout), abs=2e-4)  # the ranks share the final windows
     # resumed as one process (its own hint): the tokens count what was trained, 6 x 2 ranks, then 2 x 1
     assert resumed.returncode == 0, resumed.stderr
     assert [m for m in metrics(tmp_path) if m['event'] == 'final'][-1]['tokens'] == (6 * 2 + 2) * 4 * 32
@@ -1323,17 +1459,10 @@ def test_compile_works_on_cpu(corpus, tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # the loop on a GPU's terms: no host-device sync between log steps, non-finite losses caught before any save, MFU
 
-def patched_train(corpus, out_dir, patch, *args, popen=False, **kw):
+def patched_train(corpus, out_dir, patch, *args, popen=False):
     """train.py run as a user runs it, with `patch` (python code) executed first, e.g. to count syncs or make the
-    checkpoint write slow."""
-    code = (patch + "\nimport runpy, sys\nsys.argv = ['train.py'] + sys.argv[1:]\n"
-            "runpy.run_path('train.py', run_name='__main__')\n")
-    argv = [sys.executable, '-c', code, f'--data_dir={corpus}', f'--out_dir={out_dir}', *SMALL, *args]
-    env = dict(os.environ, OMP_NUM_THREADS='1')
-    if popen:
-        return subprocess.Popen(argv, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                **kw)
-    return subprocess.run(argv, cwd=HERE, env=env, capture_output=True, text=True, timeout=240, **kw)
+    checkpoint write slow; popen: started, not waited for."""
+    return (start if popen else run)(*trains(corpus, out_dir, *args), patch=patch)
 
 
 COUNT_SYNCS = """
@@ -1367,15 +1496,15 @@ def test_the_loop_syncs_with_the_device_only_at_log_steps_and_evals(corpus, tmp_
 
 INJECT_NAN = """
 import model, sys
-forward, nans = model.GPT.forward, NANS
+forward, at = model.GPT.forward, [AT]
 def nan_at(self, idx, targets=None, cache=None):
     logits, loss = forward(self, idx, targets, cache)
     f = sys._getframe(1)
     while f and not f.f_code.co_filename.endswith('train.py'):
         f = f.f_back
-    if f and f.f_code.co_name == '<module>' and (f.f_globals['out_dir'], f.f_globals['iter_num']) in nans:
-        nans.remove((f.f_globals['out_dir'], f.f_globals['iter_num']))
-        loss = loss * float('nan')  # the training step of that iteration of that run, once
+    if f and f.f_code.co_name == '<module>' and f.f_globals['iter_num'] in at:
+        at.remove(f.f_globals['iter_num'])
+        loss = loss * float('nan')  # the training step of that iteration, once
     return logits, loss
 model.GPT.forward = nan_at
 model.peak_flops = lambda device: 1e12  # MFU as on a GPU whose peak is known
@@ -1384,16 +1513,17 @@ model.peak_flops = lambda device: 1e12  # MFU as on a GPU whose peak is known
 
 @pytest.fixture(scope='module')
 def nan_runs(corpus, tmp_path_factory):
-    """In one process: NaNs at iteration 12 (logs every 5) and 18 (every 7: an interval that ends at an eval) of
-    runs that save every 10, each then resumed; a finished run resumed to train longer, a NaN at iteration 6."""
+    """NaNs at iteration 12 (logs every 5) and 18 (every 7: an interval that ends at an eval) of runs that save
+    every 10, each then resumed; a finished run resumed to train longer, a NaN at iteration 6."""
     d = tmp_path_factory.mktemp('nan')
     nan = ['--max_iters=40', '--eval_interval=10', '--attn=coupled']
-    calls = [trains(corpus, d / 'a', *nan, '--log_interval=5'), trains(corpus, d / 'a', '--init_from=resume'),
-             trains(corpus, d / 'b', *nan, '--log_interval=7'), trains(corpus, d / 'b', '--init_from=resume'),
-             trains(corpus, d / 'finished', '--max_iters=4', '--eval_interval=2', '--log_interval=2'),
-             trains(corpus, d / 'finished', '--init_from=resume', '--max_iters=12')]
-    nans = {(str(d / 'a'), 12), (str(d / 'b'), 18), (str(d / 'finished'), 6)}
-    return d, scripts(*calls, patch=INJECT_NAN.replace('NANS', repr(nans)))
+    calls = [(12, trains(corpus, d / 'a', *nan, '--log_interval=5')),
+             (None, trains(corpus, d / 'a', '--init_from=resume')),
+             (18, trains(corpus, d / 'b', *nan, '--log_interval=7')),
+             (None, trains(corpus, d / 'b', '--init_from=resume')),
+             (None, trains(corpus, d / 'finished', '--max_iters=4', '--eval_interval=2', '--log_interval=2')),
+             (6, trains(corpus, d / 'finished', '--init_from=resume', '--max_iters=12'))]
+    return d, [run(*call, patch=INJECT_NAN.replace('AT', repr(at))) for at, call in calls]
 
 
 @pytest.mark.parametrize('run, at', [('a', 12), ('b', 18)])
@@ -1484,10 +1614,7 @@ def test_ctrl_c_during_the_imports_of_bench_and_prepare_data(tmp_path, script, m
 
 def test_ctrl_c_stops_a_trainer_that_inherited_sigint_ignored(corpus, tmp_path):
     # a background job of a non-interactive shell (sh -c 'python train.py & wait') starts with SIGINT ignored
-    p = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={tmp_path}', *SMALL,
-                          '--max_iters=100000', '--eval_interval=5'], cwd=HERE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'),
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    p = start(*trains(corpus, tmp_path, '--max_iters=100000', '--eval_interval=5'), sigint_ignored=True)
     wait_for(tmp_path / 'ckpt.pt')
     p.send_signal(signal.SIGINT)
     last, _ = stopped_cleanly(p)
@@ -1575,10 +1702,7 @@ def test_ctrl_c_during_an_evaluation_or_a_sample(corpus, tmp_path, when):
 
 def test_two_trainers_never_share_an_out_dir_and_a_corpus_in_use_is_not_prepared_again(corpus, tmp_path):
     out = tmp_path / 'out'
-    first = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={out}', *SMALL,
-                              '--max_iters=100000', '--time_budget=8', '--eval_interval=50', '--seed=1'], cwd=HERE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=dict(os.environ, OMP_NUM_THREADS='1'))
+    first = start(*trains(corpus, out, '--max_iters=100000', '--time_budget=4', '--eval_interval=50', '--seed=1'))
     for line in first.stdout:  # training: its out_dir and its corpus are in use
         if line.startswith('step 0:'):
             break
@@ -1601,31 +1725,23 @@ def test_two_trainers_never_share_an_out_dir_and_a_corpus_in_use_is_not_prepared
     ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
     assert ckpt['iter_num'] == log[-1]['iter'] and ckpt['config']['seed'] == 1 and ckpt['config']['attn'] == 'standard'
     # started at the same moment on an empty folder: one trains, the other is refused and touches nothing
-    both = [subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={tmp_path / "new"}',
-                              *SMALL, '--max_iters=6', f'--seed={s}'], cwd=HERE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
-            for s in (1, 2)]
+    both = [start(*trains(corpus, tmp_path / 'new', '--max_iters=6', f'--seed={s}')) for s in (1, 2)]
     codes = sorted(p.wait(timeout=240) for p in both)
     assert codes == [0, 2]
     seeds = [m['config']['seed'] for m in metrics(tmp_path / 'new') if m['event'] == 'start']
     assert len(seeds) == 1 and torch.load(tmp_path / 'new' / 'ckpt.pt', weights_only=True)['config']['seed'] == seeds[0]
 
 
-def limited(size):  # run a child with files capped at size bytes: writes past it fail as on a full disk
-    import resource
-    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-
-
 def test_a_full_disk_while_saving_or_logging_is_one_line_and_the_last_checkpoint_survives(corpus, tmp_path):
     out = tmp_path / 'out'
     assert train(corpus, out, '--max_iters=4', '--eval_interval=2').returncode == 0
     before = (out / 'ckpt.pt').read_bytes()
-    r = train(corpus, out, '--init_from=resume', '--max_iters=8', preexec_fn=limited(200_000))  # ckpt: megabytes
+    r = train(corpus, out, '--init_from=resume', '--max_iters=8', fsize=200_000)  # ckpt: megabytes
     assert r.returncode == 1 and one_line_error(r, 'cannot write') and 'ckpt.pt' in r.stderr, r.stderr
     assert 'nothing else was touched' in r.stderr and 'the last checkpoint is at iteration 4:' in r.stderr
     assert (out / 'ckpt.pt').read_bytes() == before and not (out / 'ckpt.pt.tmp').exists()
     # the log: a full disk mid-line leaves whole lines only, and says so in one line
-    r = train(corpus, tmp_path / 'log', '--max_iters=200', '--eval_interval=1000', preexec_fn=limited(4000))
+    r = train(corpus, tmp_path / 'log', '--max_iters=200', '--eval_interval=1000', fsize=4000)
     assert r.returncode == 1 and one_line_error(r, 'metrics.jsonl') and 'no checkpoint yet' in r.stderr
     text = (tmp_path / 'log' / 'metrics.jsonl').read_text()
     assert text.endswith('\n') and all(json.loads(line) for line in text.splitlines())
@@ -1831,6 +1947,7 @@ def test_report_bad_inputs_are_one_line_each(tmp_path, capsys, monkeypatch, case
 
 def test_gpu_check_runs_at_a_reduced_shape_on_cpu(corpus, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch, 'compile', lambda model, **kw: model)  # compiling: test_compile_works_on_cpu
+    monkeypatch.setattr(subprocess, 'run', lambda cmd: run(*cmd[1:]))  # its `python train.py ...` runs, forked
     r = subprocess.CompletedProcess('bench.py', *bench_report(
         capsys, monkeypatch, '--gpu_check', '--device=cpu', '--dtype=float32', '--preset=tiny', '--batch_size=2', '--block_size=32',
         '--vocab_size=257', '--iters=1', '--warmup=0', '--train_iters=4', '--train_compile=False', '--eval_iters=2',
@@ -1873,7 +1990,7 @@ def wikitext103(tmp_path_factory):
     article = lambda i: (f" = Article {i} = \n\n The {i} th query evolves with its key under a learned potential ; "
                          f"the step size is {i % 7} tenths . \n\n = = History = = \n\n Founded in {1900 + i} . \n")
     with zipfile.ZipFile(d / 'wikitext-103-raw-v1.zip', 'w') as z:
-        for split, n in (('train', 300), ('valid', 6), ('test', 6)):  # bf16 on a CPU is slow
+        for split, n in (('train', 300), ('valid', 3), ('test', 3)):  # bf16 on a CPU is slow
             z.writestr(f'wikitext-103-raw/wiki.{split}.raw', ''.join(article(i) for i in range(n)))
     r = run('prepare_data.py', 'wikitext103', f'--input={d / "wikitext-103-raw-v1.zip"}', f'--data_dir={d / "data"}')
     assert r.returncode == 0, r.stderr
@@ -1902,13 +2019,12 @@ def test_sample_prints_text_from_a_bytes_and_a_gpt2_checkpoint(corpus, wikitext1
     import tiktoken
     assert text.startswith('The query') and len(tiktoken.get_encoding('gpt2').encode(text)) >= 12
     # a prompt that is not UTF-8 (a shell passes bytes): its bytes, printed with replacement characters
-    r = subprocess.run([sys.executable, 'train.py', f'--out_dir={b}', b'--sample=\xff\xfe def', '--sample_tokens=8'],
-                       cwd=HERE, capture_output=True, timeout=240)
-    assert r.returncode == 0 and b'after \'\xef\xbf\xbd\xef\xbf\xbd def\'' in r.stdout, r.stderr[-2000:]
+    r = run('train.py', f'--out_dir={b}', b'--sample=\xff\xfe def', '--sample_tokens=8')
+    assert r.returncode == 0 and "after '\ufffd\ufffd def'" in r.stdout, r.stderr[-2000:]
 
 
-REDUCED = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=2',
-           '--gradient_accumulation_steps=2', '--max_iters=2', '--eval_interval=2', '--eval_iters=2',
+REDUCED = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=16', '--batch_size=1',
+           '--gradient_accumulation_steps=2', '--max_iters=2', '--eval_interval=2', '--eval_iters=1',
            '--warmup_iters=1', '--compile=False', '--device=cpu', '--sample_tokens=0']  # compile: its own test
 
 
@@ -2010,31 +2126,6 @@ BROKEN_FORMULA = ('scores(k, k) + ', '')
 VARIANTS = [*EXERCISES, *(NO_MATPLOTLIB + code for code in EXERCISES if 'savefig' in code),
             *(code.replace(*BROKEN_FORMULA) for code in EXERCISES if BROKEN_FORMULA[0] in code)]
 
-# Runs snippets one after another in one process, as `python snippet.py` would from a fresh start (the random
-# generators reset, matplotlib restored, figures closed), so torch is imported once: most of a snippet's time.
-RUNNER = """
-import contextlib, io, json, sys, traceback
-import numpy, torch
-fresh, results = (torch.random.get_rng_state(), numpy.random.get_state()), []
-for code in json.load(sys.stdin):
-    torch.random.set_rng_state(fresh[0]), numpy.random.set_state(fresh[1])
-    matplotlib, out, error = sys.modules.get('matplotlib'), io.StringIO(), ''
-    try:
-        with contextlib.redirect_stdout(out):
-            exec(compile(code, 'snippet', 'exec'), {'__name__': '__main__'})
-    except Exception:
-        error = traceback.format_exc()
-    if sys.modules.get('matplotlib', 0) is None:  # hidden by the snippet: back as it was
-        del sys.modules['matplotlib']
-        if matplotlib:
-            sys.modules['matplotlib'] = matplotlib
-    if sys.modules.get('matplotlib.pyplot'):
-        sys.modules['matplotlib.pyplot'].close('all')
-    results.append((out.getvalue(), error))
-json.dump(results, sys.__stdout__)
-"""
-
-
 @pytest.fixture(scope='module')
 def classroom(corpus, tmp_path_factory):
     """A folder laid out like the repository after the quick start: model.py, data/pydocs, a coupled run in out/."""
@@ -2049,11 +2140,9 @@ def classroom(corpus, tmp_path_factory):
 def printed(classroom, corpus):
     """{snippet: (what it printed, its traceback or '')} for every one of VARIANTS, each run once per session: those
     that read the quick start's run after training one (in the classroom), the others meanwhile."""
-    def run_all(codes):
-        r = subprocess.run([sys.executable, '-c', RUNNER], input=json.dumps(codes), cwd=classroom, capture_output=True,
-                           text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS='1'))
-        assert r.returncode == 0, r.stderr[-2000:]
-        return dict(zip(codes, json.loads(r.stdout)))
+    def run_all(codes):  # each as `python -c snippet` in the classroom: a process of its own
+        return {code: (r.stdout, r.stderr if r.returncode else '') for code in codes
+                for r in [run('-c', code, cwd=classroom, timeout=300)]}
 
     def after_the_quick_start(codes):
         assert train(corpus, classroom / 'out', '--attn=coupled', '--max_iters=20', '--eval_interval=20',
