@@ -760,9 +760,9 @@ def run(r):  # run `python *r['argv']` in this process (just forked, or fresh), 
     else:
         sys.argv, sys.path[0] = argv, os.path.dirname(os.path.abspath(argv[0]))
         main = lambda: runpy.run_path(argv[0], run_name='__main__')
-    for name in ('model', 'prepare_data'):  # imported already, but the script's folder has its own: that one
+    for name in ('model', 'prepare_data'):  # imported already: kept where the script would import that very file
         mine = os.path.join(sys.path[0], name + '.py')
-        if name in sys.modules and os.path.isfile(mine) and not os.path.samefile(mine, sys.modules[name].__file__):
+        if name in sys.modules and not (os.path.isfile(mine) and os.path.samefile(mine, sys.modules[name].__file__)):
             del sys.modules[name]
     try:
         exec(r['patch'], {'__name__': '__patch__'})
@@ -797,23 +797,35 @@ def reap(*_):  # each run that ended: its exit code, or minus the signal that en
             return
         if not pid:
             return
-        sock.send(json.dumps(dict(pid=pid, code=os.waitstatus_to_exitcode(status))).encode())
+        if pid in running:
+            sock.send(json.dumps(dict(id=running.pop(pid), code=os.waitstatus_to_exitcode(status))).encode())
 
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the tests reaches the runs, not this server
 signal.signal(signal.SIGCHLD, reap)
+running = {}  # pid: the run's id
 while True:
     msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)  # a run, and the write ends of its stdout and stderr
-    if not msg:
-        break  # the tests are over
+    if not msg:  # the tests are over: so are the runs they left
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for pid in running:
+            os.kill(pid, signal.SIGKILL)
+        break
     r = json.loads(msg)
     sys.stdout.flush(), sys.stderr.flush()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # no run is reaped before it is counted
     pid = os.fork()
     if pid == 0:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         sock.close()
-        os.dup2(fds[0], 1), os.dup2(fds[1], 2)
-        run(r)
+        try:
+            os.dup2(fds[0], 1), os.dup2(fds[1], 2)
+            run(r)
+        finally:
+            os._exit(1)  # never back into this loop
+    running[pid] = r['id']
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     for fd in fds:
         os.close(fd)
     sock.send(json.dumps(dict(id=r['id'], pid=pid)).encode())
@@ -836,10 +848,12 @@ class Warm:
         while msg := self.sock.recv(1 << 16):
             m = json.loads(msg)
             with self.changed:
-                self.news[('id', m['id']) if 'id' in m else m['pid']] = m['pid'] if 'id' in m else m['code']
+                self.news[('pid' if 'pid' in m else 'code', m['id'])] = m.get('pid', m.get('code'))
                 self.changed.notify_all()
+        with self.changed:  # it has stopped: no waiting for answers that will not come
+            self.changed.notify_all()
 
-    def answer(self, key, timeout):  # a started run's pid, or an ended one's exit code (None: not yet)
+    def answer(self, key, timeout):  # ('pid', id): a started run's pid; ('code', id): its exit code (None: not yet)
         with self.changed:
             self.changed.wait_for(lambda: key in self.news or self.server.poll() is not None, timeout)
             assert self.server.poll() is None, 'the warm Python that forks the runs has stopped'
@@ -858,21 +872,21 @@ class Forked:
 
     def __init__(self, request):
         (out, out_w), (err, err_w) = os.pipe(), os.pipe()
-        request['id'] = next(warm().ids)
+        self.id = request['id'] = next(warm().ids)
         socket.send_fds(warm().sock, [json.dumps(request).encode()], [out_w, err_w])
         os.close(out_w), os.close(err_w)
         self.args, self.returncode = request['argv'], None
         self.stdout, self.stderr = open(out, errors='replace'), open(err, errors='replace')
-        self.pid = warm().answer(('id', request['id']), timeout=120)
+        self.pid = warm().answer(('pid', self.id), timeout=120)
 
     def poll(self):
         if self.returncode is None:
-            self.returncode = warm().answer(self.pid, timeout=0)
+            self.returncode = warm().answer(('code', self.id), timeout=0)
         return self.returncode
 
     def wait(self, timeout=None):
         if self.returncode is None:
-            self.returncode = warm().answer(self.pid, timeout)
+            self.returncode = warm().answer(('code', self.id), timeout)
             if self.returncode is None:
                 raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
@@ -881,16 +895,27 @@ class Forked:
         if self.poll() is None:
             os.kill(self.pid, sig)
 
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
     def communicate(self, timeout=None):
-        with ThreadPoolExecutor(2) as pool:  # both pipes read at once: either may fill
-            reads = [pool.submit(f.read) for f in (self.stdout, self.stderr)]
-            try:
-                self.wait(timeout)
-            finally:
-                self.send_signal(signal.SIGKILL)  # past the timeout: ended, so that the reads end
-            out, err = [r.result() for r in reads]
+        texts = {}
+        reads = [threading.Thread(target=lambda f=f: texts.setdefault(f, f.read()), daemon=True)
+                 for f in (self.stdout, self.stderr)]  # both pipes read at once: either may fill
+        for t in reads:
+            t.start()
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.send_signal(signal.SIGTERM)  # torchrun stops its workers (which hold the pipes too) on SIGTERM
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.wait(10)
+            self.kill()
+            raise
+        for t in reads:
+            t.join()
         self.stdout.close(), self.stderr.close()
-        return out, err
+        return texts[self.stdout], texts[self.stderr]
 
 
 def start(*argv, cwd=HERE, env=None, patch='', sigint_ignored=False, fsize=0):
@@ -898,11 +923,11 @@ def start(*argv, cwd=HERE, env=None, patch='', sigint_ignored=False, fsize=0):
     run first (e.g. to make the checkpoint write slow); sigint_ignored: as a shell's background job inherits it."""
     request = dict(argv=[os.fsdecode(a) for a in argv], cwd=str(cwd), env=env or {}, patch=patch,
                    sigint_ignored=sigint_ignored, fsize=fsize)
-    if FORK:
+    if FORK and not any(k.startswith('PYTHON') for k in request['env']):  # (those are read at an interpreter's start)
         return Forked(request)
     return subprocess.Popen([sys.executable, '-c', RUN + 'run(json.loads(sys.argv[1]))', json.dumps(request)],
-                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors='replace',
-                            env=dict(os.environ, OMP_NUM_THREADS='1', **request['env']))
+                            cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, errors='replace', env=dict(os.environ, OMP_NUM_THREADS='1', **request['env']))
 
 
 def run(*argv, timeout=240, **kw):
@@ -1318,8 +1343,9 @@ def test_values_written_in_train_py_are_used_unless_a_flag_or_preset_says_otherw
         assert old in src
         src = src.replace(old, new, 1)
     (tmp_path / 'train.py').write_text(src)
-    a, b = scripts(('train.py',), ('train.py', '--preset=tiny', f'--out_dir={tmp_path / "b"}'), cwd=tmp_path,
-                   env=dict(PYTHONPATH=HERE))
+    for name in ('model.py', 'prepare_data.py'):  # beside it, as in the repository
+        os.symlink(os.path.join(HERE, name), tmp_path / name)
+    a, b = scripts(('train.py',), ('train.py', '--preset=tiny', f'--out_dir={tmp_path / "b"}'), cwd=tmp_path)
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     assert torch.load(tmp_path / 'a' / 'ckpt.pt', weights_only=True)['model_args']['n_layer'] == 2
     assert torch.load(tmp_path / 'b' / 'ckpt.pt', weights_only=True)['model_args']['n_layer'] == 4
@@ -1718,9 +1744,11 @@ def test_ctrl_c_during_an_evaluation_or_a_sample(corpus, tmp_path, when):
 HOLD = """
 import os, time, model
 forward = model.GPT.forward
-def held(self, *a, **k):  # the first training step waits until the file GO exists
-    while self.training and not os.path.exists(GO):
-        time.sleep(0.02)
+def held(self, *a, **k):  # the first training step waits until the file GO exists (and says it waits)
+    if self.training and not os.path.exists(GO):
+        open(GO + '.waiting', 'w').close()
+        while not os.path.exists(GO):
+            time.sleep(0.02)
     return forward(self, *a, **k)
 model.GPT.forward = held
 """
@@ -1730,19 +1758,19 @@ def test_two_trainers_never_share_an_out_dir_and_a_corpus_in_use_is_not_prepared
     out, go = tmp_path / 'out', tmp_path / 'go'
     first = start(*trains(corpus, out, '--max_iters=60', '--eval_interval=50', '--seed=1'),
                   patch=HOLD.replace('GO', repr(str(go))))
-    for line in first.stdout:  # training: its out_dir and its corpus are in use
-        if line.startswith('step 0:'):
-            break
+    wait_for(tmp_path / 'go.waiting')  # training: its out_dir and its corpus are in use
     (tmp_path / 'other.txt').write_text(TEXT)
-    refused = scripts(*[trains(corpus, out, *args) for args in (['--seed=2'], ['--init_from=resume'],
-                                                                ['--attn=coupled', '--seed=3'])],
-                      ('prepare_data.py', f'--input={tmp_path / "other.txt"}', '--name=pydocs', f'--data_dir={corpus}',
-                       '--force'))
+    try:
+        refused = scripts(*[trains(corpus, out, *args) for args in (['--seed=2'], ['--init_from=resume'],
+                                                                    ['--attn=coupled', '--seed=3'])],
+                          ('prepare_data.py', f'--input={tmp_path / "other.txt"}', '--name=pydocs',
+                           f'--data_dir={corpus}', '--force'))
+        assert first.poll() is None  # held: the refusals came while it trained
+    finally:
+        go.touch()  # whatever happened, the held run goes on
     for r in refused[:3]:
         assert one_line_error(r, 'is in use by a running train.py') and f'pid {first.pid}' in r.stderr, r.stderr
     assert one_line_error(refused[3], 'is being read by a running train.py'), refused[3].stderr
-    assert first.poll() is None  # the refusals came while it trained
-    go.touch()
     out_, err = first.communicate(timeout=240)
     assert first.returncode == 0, err[-2000:]
     log = metrics(out)
@@ -1754,8 +1782,10 @@ def test_two_trainers_never_share_an_out_dir_and_a_corpus_in_use_is_not_prepared
     assert ckpt['iter_num'] == log[-1]['iter'] and ckpt['config']['seed'] == 1 and ckpt['config']['attn'] == 'standard'
     # started at the same moment on an empty folder: one trains, the other is refused and touches nothing
     both = [start(*trains(corpus, tmp_path / 'new', '--max_iters=6', f'--seed={s}')) for s in (1, 2)]
-    codes = sorted(p.wait(timeout=240) for p in both)
-    assert codes == [0, 2]
+    ends = [(p.communicate(timeout=240)[1], p.returncode) for p in both]
+    assert sorted(code for err, code in ends) == [0, 2]
+    err = [err for err, code in ends if code == 2][0].strip()
+    assert err.startswith('error:') and ('is in use by a running train.py' in err or 'holds a run' in err), err
     seeds = [m['config']['seed'] for m in metrics(tmp_path / 'new') if m['event'] == 'start']
     assert len(seeds) == 1 and torch.load(tmp_path / 'new' / 'ckpt.pt', weights_only=True)['config']['seed'] == seeds[0]
 

@@ -6,8 +6,8 @@ Train a GPT with any attention variant: one flat loop, nanoGPT-shaped. Every set
   torchrun --standalone --nproc_per_node=8 train.py ...  # DDP (nccl on CUDA, gloo on CPU)
   python train.py --init_from=resume --out_dir=out       # continue a run; --eval_only=True, --sample="def " too
 
-Flags (--key=value) > a --preset > the values below; resume, eval and sample take every setting no flag gives from
-the checkpoint.
+Flags (--key=value) > a --preset > the values below; resume, eval and sample take the model and training
+settings no flag gives from the checkpoint.
 """
 import json
 import math
@@ -27,7 +27,7 @@ def on_ctrl_c(signum, frame):
     global interrupted
     if saving and not interrupted:  # a second Ctrl-C stops at once
         interrupted = True
-        return say("Ctrl-C: stopping once this checkpoint is written (Ctrl-C again: stop now)")
+        return say("Ctrl-C: stopping once this checkpoint is written (again: stop now)")
     where = {'train': f"at iteration {iter_num}", 'final': "during the final evaluation"}.get(phase, phase)
     say("interrupted; nothing was written" if phase == 'read only' else f"interrupted {where}; {resume_hint()}")
     os._exit(130)  # nothing is half-written: saves are atomic, log lines whole
@@ -108,7 +108,7 @@ CHOICES = dict(attn=attn_names(), pos=POS, preset=('',) + tuple(PRESETS), init_f
                dtype=('auto', 'float32', 'bfloat16', 'float16'))
 POSITIVE = 'batch_size block_size gradient_accumulation_steps eval_interval eval_iters log_interval learning_rate'
 BELOW = dict(beta1=1, beta2=1, seed=2 ** 63 - 1024)  # every number is finite, >= 0 (POSITIVE: > 0), < these
-LOCAL_KEYS = 'out_dir init_from eval_only device dtype compile sample sample_tokens preset'.split()
+LOCAL_KEYS = 'out_dir init_from eval_only device dtype sample sample_tokens preset'.split()
 
 
 def shutdown(code):  # every exit
@@ -141,7 +141,7 @@ def parse_value(key, text):
     return value
 
 
-def check(settings):  # the flags' values, and the types of a checkpoint's settings
+def check(settings):  # the flags' values; the types of a checkpoint's settings
     for k, v in settings.items():
         kind, low = type(defaults[k]), '> 0' if k in POSITIVE.split() else '>= 0'
         if not isinstance(v, (int, float) if kind is float else kind):
@@ -169,8 +169,9 @@ if not out_dir.strip():
     die("--out_dir is empty; name a folder")
 check(settings)
 
-# a run owns its out_dir: a lock on out_dir/train.lock (not on Windows), freed however the process ends
+# a run owns its out_dir: out_dir/train.lock, locked (not on Windows) until the process ends
 trains = not (settings['eval_only'] or settings['sample'])
+phase = 'before training' if trains else 'read only'
 if trains and int(os.environ.get('RANK', 0)) == 0:
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -209,7 +210,6 @@ if settings['init_from'] == 'resume' or not trains:
     check(settings)
 config = settings  # saved in the checkpoint
 globals().update(settings)
-phase = 'before training' if trains else 'read only'
 
 # ---- distributed and device setup
 
@@ -232,7 +232,7 @@ print0 = print if master else (lambda *a, **k: None)
 if dtype == 'auto':
     dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32'
 autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
-torch.manual_seed(seed)
+torch.manual_seed(seed + rank)  # each rank its own dropout
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 
@@ -263,7 +263,7 @@ def get_batch(split, gen):
 
 model_args = {k: config[k] for k in MODEL_KEYS} | dict(vocab_size=meta['vocab_size'])
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_size
-best_val_loss, train_time, tokens = 1e9, 0.0, 0  # tokens: trained so far
+best_val_loss, train_time, tokens = 1e9, 0.0, 0
 try:
     model = GPT(GPTConfig(**model_args), verbose=master)
 except ValueError as e:
@@ -274,8 +274,19 @@ if checkpoint is not None:
     except Exception as e:
         die(f"{ckpt_path} does not fit its model ({why(e)}); it is corrupt, or from another version of model.py")
 model.to(device)
+raw_model = model
+if compile and trains:
+    print0("compiling the model...")
+    try:
+        model = torch.compile(model)
+        with autocast:  # compiling is lazy: try a step now
+            model(*get_batch('train', torch.Generator().manual_seed(0)))[1].backward()
+    except Exception as e:
+        print0(f"warning: torch.compile failed ({why(e)}); running without it")
+        model = raw_model
+    model.zero_grad(set_to_none=True)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
-optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None and trains:
     try:
         optimizer.load_state_dict(checkpoint['optimizer'])
@@ -291,17 +302,6 @@ if checkpoint is not None and trains:
         die(f"{ckpt_path}'s training state does not fit this run ({why(e)}); resume with the settings it had")
     print0(f"resuming from {ckpt_path} at iteration {iter_num} ({train_time:.0f} s trained)")
 checkpoint = None  # free memory
-raw_model = model
-if compile and trains:
-    print0("compiling the model... (takes a minute)")
-    try:
-        model = torch.compile(model)
-        with autocast:  # compiling is lazy: try a step now
-            model(*get_batch('train', torch.Generator().manual_seed(0)))[1].backward()
-    except Exception as e:
-        print0(f"warning: torch.compile failed ({why(e)}); continuing without --compile")
-        model = raw_model
-    optimizer.zero_grad(set_to_none=True)
 if ddp:
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
 
@@ -312,7 +312,7 @@ def perplexity(loss):  # inf for a diverged run, not an OverflowError
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss over eval_iters batches: the same ones at every eval, in every run, on every rank."""
+    """Mean loss over eval_iters batches, the same at every eval, in every run, on every rank."""
     out = {}
     model.eval()
     for split in ('train', 'val'):
@@ -379,6 +379,7 @@ def save_checkpoint():
     if ddp:
         dist.all_gather_object(rngs, rngs[rank])
     if not master:
+        saved_iter = iter_num  # rank 0 saves it
         return
     ckpt = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), model_args=model_args, rng=rngs,
                 iter_num=iter_num, best_val_loss=best_val_loss, train_time=train_time, tokens=tokens, config=config,
@@ -447,7 +448,7 @@ def get_lr(it):
 # ---- the loop (metrics.jsonl is only appended to: a resume logs a 'start')
 
 peak = peak_flops(device)  # for MFU: model.GPU_PEAK_FLOPS
-flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter
+flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter / world_size  # one GPU's
 log(dict(event='start', iter=iter_num, tokens=tokens, config=config, params=raw_model.get_num_params(),
          qk_params=sum(p.numel() for p in raw_model.qk_parameters()), world_size=world_size))
 phase, start_iter, pending, interval_iters, out_of_time = 'train', iter_num, [], 0, False
@@ -468,7 +469,7 @@ while True:
         if pending:
             check_losses()  # a model gone non-finite is never saved
         losses = estimate_loss()
-        if not all(math.isfinite(v) for v in losses.values()):  # the last update broke the model
+        if not all(math.isfinite(v) for v in losses.values()):  # the last update broke it
             not_finite(iter_num, losses['val'])
         qk = qk_diagnostics(raw_model, get_batch('val', torch.Generator().manual_seed(10_000))[0]) if master else []
         print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val ppl "
@@ -487,13 +488,13 @@ while True:
     # forward, backward, update; gradient accumulation simulates a larger batch
     t0 = time.time()
     for micro_step in range(gradient_accumulation_steps):
-        if ddp:  # sync gradients only on the last micro-step; must be set before the forward pass
+        if ddp:  # sync gradients at the last micro-step only (set before the forward pass)
             model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
         with autocast:
             logits, loss = model(X, Y)
             loss = loss / gradient_accumulation_steps
         batch_state = train_gen.get_state()
-        X, Y = get_batch('train', train_gen)  # the next batch, fetched while the GPU works on this one
+        X, Y = get_batch('train', train_gen)  # the next batch, fetched while the GPU works
         scaler.scale(loss).backward()
     if grad_clip > 0:
         scaler.unscale_(optimizer)
@@ -501,13 +502,12 @@ while True:
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    pending.append(loss.detach() * gradient_accumulation_steps)  # stays on the device: no sync here
-    train_time += time.time() - t0
+    pending.append(loss.detach() * gradient_accumulation_steps)  # on the device: no sync
     tokens += tokens_per_iter
     interval_iters += 1
     iter_num += 1
     if iter_num % log_interval == 0 or iter_num == start_iter + 1:
-        lossf = check_losses()  # the one host-device sync between evals
+        lossf = check_losses()  # syncs with the device: at log steps only
         elapsed = (time.time() - t_log) / interval_iters  # seconds per iteration, after the sync
         t_log, interval_iters = time.time(), 0
         left = (max_iters - iter_num) * (time.time() - t_start) / (iter_num - start_iter)  # evals included
@@ -518,6 +518,7 @@ while True:
                + f" | eta {max(left, 0) / 60:.1f} min")
         log(dict(event='train', iter=iter_num, loss=lossf, lr=lr, ms=elapsed * 1000, tok_s=tokens_per_iter / elapsed,
                  mfu=mfu, tokens=tokens, time=train_time))
+    train_time += time.time() - t0  # after the log step's sync: a GPU's queue counts
 
 # ---- the end: full-split evaluation, and a sample
 
@@ -526,7 +527,7 @@ log(dict(event='final', iter=iter_num, tokens=tokens, time=train_time) | full_ev
 if master and sample_tokens:
     try:
         write_sample('')
-    except Exception as e:  # a finished run never fails over its sample (e.g. GPT-2's files offline)
+    except Exception as e:  # a finished run never fails over its sample
         print(f"note: no sample ({why(e)})")
 print0(f"done: {iter_num} iterations, {(time.time() - t_start) / 60:.1f} min; checkpoint {ckpt_path}")
 shutdown(0)
