@@ -30,16 +30,17 @@ def on_ctrl_c(signum, frame):
         return say("Ctrl-C: stopping once this checkpoint is written (again: stop now)")
     where = {'train': f"at iteration {iter_num}", 'final': "during the final evaluation"}.get(phase, phase)
     say("interrupted; nothing was written" if phase == 'read only' else f"interrupted {where}; {resume_hint()}")
-    os._exit(130)  # nothing is half-written: saves are atomic, log lines whole
+    os._exit(130)  # nothing is half-written: atomic saves, whole log lines
 
 
 def resume_hint():
+    run = f"torchrun --nproc_per_node={os.environ['LOCAL_WORLD_SIZE']}" if 'RANK' in os.environ else 'python'
     return "no checkpoint yet" if saved_iter is None else (
-        f"the last checkpoint is at iteration {saved_iter}: {shlex.quote(ckpt_path)}. Continue with: python train.py "
+        f"the last checkpoint is at iteration {saved_iter}: {shlex.quote(ckpt_path)}. Continue with: {run} train.py "
         f"--init_from=resume --out_dir={shlex.quote(out_dir)}")
 
 
-def say(line):  # os.write: the handler may interrupt a print() holding stdout's buffer
+def say(line):  # os.write: the handler may cut into a print() that holds stdout's buffer
     if master:
         with suppress(RuntimeError):
             sys.stdout.flush()
@@ -58,7 +59,7 @@ from model import (POS, PRESETS, GPT, GPTConfig, attn_names, flops_per_token, me
                    qk_diagnostics)
 
 # -----------------------------------------------------------------------------
-_before = set(globals())  # the settings are what this block adds
+_before = set(globals())  # the settings: what this block adds
 # I/O
 out_dir = 'out'
 eval_interval = 250
@@ -101,13 +102,13 @@ compile = False  # torch.compile the model (eager, with a warning, if it fails)
 seed = 1337
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in globals().items() if k not in _before and k != '_before'}
-# every other GPTConfig field is a flag too (qk_steps, qk_dt, pos...: see --help)
+# every other GPTConfig field is a flag too (see --help)
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != 'vocab_size']
 defaults |= {k: getattr(GPTConfig, k) for k in MODEL_KEYS if k not in defaults}
 CHOICES = dict(attn=attn_names(), pos=POS, preset=('',) + tuple(PRESETS), init_from=('scratch', 'resume'),
                dtype=('auto', 'float32', 'bfloat16', 'float16'))
 POSITIVE = 'batch_size block_size gradient_accumulation_steps eval_interval eval_iters log_interval learning_rate'
-BELOW = dict(beta1=1, beta2=1, seed=2 ** 63 - 1024)  # every number is finite, >= 0 (POSITIVE: > 0), < these
+BELOW = dict(beta1=1, beta2=1, seed=2 ** 63 - 1024)  # numbers: finite, >= 0 (POSITIVE: > 0), < these
 LOCAL_KEYS = 'out_dir init_from eval_only device dtype sample sample_tokens preset'.split()
 
 
@@ -175,7 +176,7 @@ phase = 'before training' if trains else 'read only'
 if trains and int(os.environ.get('RANK', 0)) == 0:
     try:
         os.makedirs(out_dir, exist_ok=True)
-        lock = open(os.path.join(out_dir, 'train.lock'), 'a+')  # held open until the process ends
+        lock = open(os.path.join(out_dir, 'train.lock'), 'a+')
         with suppress(ImportError):
             import fcntl
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -190,7 +191,7 @@ if trains and int(os.environ.get('RANK', 0)) == 0:
     except OSError as e:
         die(f"cannot write to --out_dir={out_dir} ({e.strerror or e}); choose a writable folder")
 
-# resume, eval, sample: the settings no flag gives come from the checkpoint, except this command's own
+# resume, eval, sample: settings no flag gives come from the checkpoint (LOCAL_KEYS: this command's)
 checkpoint = None
 if settings['init_from'] == 'resume' or not trains:
     if not os.path.exists(ckpt_path):
@@ -211,7 +212,7 @@ if settings['init_from'] == 'resume' or not trains:
 config = settings  # saved in the checkpoint
 globals().update(settings)
 
-# ---- distributed and device setup
+# ---- DDP and the device
 
 ddp = 'RANK' in os.environ  # launched by torchrun?
 if device == 'auto':
@@ -245,7 +246,7 @@ except prepare_data.DataError as e:
 if checkpoint is not None and ckpt_args['vocab_size'] != meta['vocab_size']:
     die(f"the checkpoint's vocabulary has {ckpt_args['vocab_size']} tokens, {data_dir}/{dataset}'s "
         f"{meta['vocab_size']}; name its dataset with --dataset")
-train_gen = torch.Generator().manual_seed(seed + rank)  # ranks draw different batches
+train_gen = torch.Generator().manual_seed(seed + rank)  # each rank its own batches
 
 
 def get_batch(split, gen):
@@ -348,7 +349,7 @@ def full_eval():
 
 def write_sample(prompt):
     """sample_tokens tokens after prompt ('': a document's start): temperature 0.8, top 200."""
-    tok = prepare_data.get_tokenizer(meta['tokenizer'])  # GPT-2's files may need a download: a DataError
+    tok = prepare_data.get_tokenizer(meta['tokenizer'])  # GPT-2's files may need a download
     ids = tok['encode']([prompt])[0].tolist() if prompt else [tok['eot']]
     torch.manual_seed(seed)
     idx = torch.tensor([ids[-block_size:]], dtype=torch.long, device=device)
@@ -520,7 +521,7 @@ while True:
                  mfu=mfu, tokens=tokens, time=train_time))
     train_time += time.time() - t0  # after the log step's sync: a GPU's queue counts
 
-# ---- the end: full-split evaluation, and a sample
+# ---- the end: full-split evaluation, a sample
 
 phase = 'final'
 log(dict(event='final', iter=iter_num, tokens=tokens, time=train_time) | full_eval())
