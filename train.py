@@ -20,7 +20,8 @@ from contextlib import nullcontext, suppress
 from dataclasses import fields
 
 # Ctrl-C: one line and exit code 130, from the first line on; a checkpoint being written is finished first
-phase, iter_num, saved_iter, saving, interrupted, master = 'before training', 0, None, False, False, True
+phase, iter_num, saved_iter, saving, interrupted = 'before training', 0, None, False, False
+master = os.environ.get('RANK', '0') == '0'  # rank 0 logs, saves and speaks
 
 
 def on_ctrl_c(signum, frame):
@@ -40,7 +41,7 @@ def resume_hint():
         f"--init_from=resume --out_dir={shlex.quote(out_dir)}")
 
 
-def say(line):  # os.write: the handler may cut into a print() that holds stdout's buffer
+def say(line):  # os.write: the handler may cut into a print() holding stdout's buffer
     if master:
         with suppress(RuntimeError):
             sys.stdout.flush()
@@ -142,7 +143,7 @@ def parse_value(key, text):
     return value
 
 
-def check(settings):  # the flags' values; the types of a checkpoint's settings
+def check(settings):  # flags' values; the types of a checkpoint's settings
     for k, v in settings.items():
         kind, low = type(defaults[k]), '> 0' if k in POSITIVE.split() else '>= 0'
         if not isinstance(v, (int, float) if kind is float else kind):
@@ -173,7 +174,7 @@ check(settings)
 # a run owns its out_dir: out_dir/train.lock, locked (not on Windows) until the process ends
 trains = not (settings['eval_only'] or settings['sample'])
 phase = 'before training' if trains else 'read only'
-if trains and int(os.environ.get('RANK', 0)) == 0:
+if trains and master:
     try:
         os.makedirs(out_dir, exist_ok=True)
         lock = open(os.path.join(out_dir, 'train.lock'), 'a+')
@@ -228,7 +229,6 @@ if ddp:
     dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
 else:
     rank, local_rank, world_size = 0, 0, 1
-master = rank == 0  # logs and saves
 print0 = print if master else (lambda *a, **k: None)
 if dtype == 'auto':
     dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32'
@@ -237,7 +237,7 @@ torch.manual_seed(seed + rank)  # each rank its own dropout
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 
-# ---- data: data/<dataset>/{train,val[,test]}.bin, checked in full against its meta.json
+# ---- data: data/<dataset>/{train,val[,test]}.bin, checked against its meta.json
 
 try:
     meta, splits = prepare_data.load(data_dir, dataset, block_size)
@@ -446,7 +446,7 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-# ---- the loop (metrics.jsonl is only appended to: a resume logs a 'start')
+# ---- the loop (metrics.jsonl is only appended to)
 
 peak = peak_flops(device)  # for MFU: model.GPU_PEAK_FLOPS
 flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter / world_size  # one GPU's
