@@ -31,7 +31,7 @@ def on_ctrl_c(signum, frame):
         return say("Ctrl-C: stopping once this checkpoint is written (again: stop now)")
     where = {'train': f"at iteration {iter_num}", 'final': "during the final evaluation"}.get(phase, phase)
     say("interrupted; nothing was written" if phase == 'read only' else f"interrupted {where}; {resume_hint()}")
-    os._exit(130)  # nothing is half-written: atomic saves, whole log lines
+    os._exit(130)  # ckpt.pt and the log stay whole
 
 
 def resume_hint():
@@ -69,7 +69,7 @@ eval_iters = 40  # batches per validation estimate
 eval_only = False  # evaluate out_dir's checkpoint on the full splits, and exit
 always_save_checkpoint = True  # False: save only when the val loss improves
 init_from = 'scratch'  # or 'resume' (from out_dir/ckpt.pt)
-time_budget = 0.0  # stop at a log step past this many seconds of training, across resumes (0: never)
+time_budget = 0.0  # stop at a log step past this many seconds of training (across resumes; 0: never)
 sample = ''  # a prompt: print out_dir's model's continuation, and exit
 sample_tokens = 200  # by --sample, and at the end of a run (0: none)
 # data
@@ -99,7 +99,7 @@ min_lr = 2e-4
 # system
 device = 'auto'  # auto (cuda, mps, cpu), or name one, e.g. cuda:1
 dtype = 'auto'  # auto: bfloat16 (or float16) on CUDA, float32 elsewhere
-compile = False  # torch.compile the model (eager, with a warning, if it fails)
+compile = False  # torch.compile (eager, with a warning, if it fails)
 seed = 1337
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in globals().items() if k not in _before and k != '_before'}
@@ -110,7 +110,7 @@ CHOICES = dict(attn=attn_names(), pos=POS, preset=('',) + tuple(PRESETS), init_f
                dtype=('auto', 'float32', 'bfloat16', 'float16'))
 POSITIVE = 'batch_size block_size gradient_accumulation_steps eval_interval eval_iters log_interval learning_rate'
 BELOW = dict(beta1=1, beta2=1, seed=2 ** 63 - 1024)  # numbers: finite, >= 0 (POSITIVE: > 0), < these
-LOCAL_KEYS = 'out_dir init_from eval_only device dtype sample sample_tokens preset'.split()
+LOCAL_KEYS = 'out_dir init_from eval_only device sample sample_tokens preset'.split()
 
 
 def shutdown(code):  # every exit
@@ -152,7 +152,7 @@ def check(settings):  # flags' values; the types of a checkpoint's settings
             die(f"--{k} must be {low}{f' and < {BELOW[k]}' if k in BELOW else ''} and finite, got {v}")
 
 
-# ---- flags; the out_dir's lock; settings from a checkpoint
+# ---- flags, the out_dir's lock, a checkpoint's settings
 
 if {'-h', '--help'} & set(sys.argv[1:]):
     print(__doc__ + '\nflags and their defaults:\n' + '\n'.join(f"  --{k}={v}" for k, v in defaults.items()))
@@ -186,6 +186,8 @@ if trains and master:
         if settings['init_from'] == 'scratch' and os.path.exists(ckpt_path):
             die(f"{out_dir}/ holds a run; continue it with --init_from=resume, or train in another --out_dir")
         open(os.path.join(out_dir, 'metrics.jsonl'), 'w' if settings['init_from'] == 'scratch' else 'a').close()
+        with suppress(OSError):
+            os.remove(ckpt_path + '.tmp')  # a save cut short
     except BlockingIOError:
         die(f"{out_dir}/ is in use by a running train.py ({lock.seek(0) or lock.read().strip()}); wait for it, or "
             "train in another --out_dir")
@@ -401,7 +403,7 @@ def save_checkpoint():
         on_ctrl_c(signal.SIGINT, None)
 
 
-def log(record):  # a whole line appended; on a full disk, the file is cut back and the run stops
+def log(record):  # a whole line appended; on a full disk, cut back, and the run stops
     if master:
         line = (json.dumps(record) + '\n').encode()
         with open(os.path.join(out_dir, 'metrics.jsonl'), 'ab', buffering=0) as f:  # nothing left to flush
@@ -418,11 +420,11 @@ def disk_full(what, e):
     die(f"cannot write {what} ({why(e)}); nothing else was touched, free some space: {resume_hint()}", code=1)
 
 
-def check_losses():  # the losses since the last check; stop, before any save, at a non-finite one
+def check_losses():  # losses since the last check; stop before any save at a non-finite one
     global pending
     losses = torch.stack(pending).float()
     bad = (~torch.isfinite(losses)).any().float()
-    if ddp:  # all ranks stop together: one that left alone would hang the others
+    if ddp:  # all ranks stop together (one alone would hang the others)
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     losses, pending = losses.cpu().tolist(), []
     if bad.item():
@@ -460,7 +462,7 @@ while True:
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
         group['lr'] = lr
-    if time_budget > 0 and iter_num % log_interval == 0:  # read at log steps; rank 0's clock stops every rank
+    if time_budget > 0 and iter_num % log_interval == 0:  # at log steps; rank 0's clock decides for all
         flag = torch.tensor(float(train_time >= time_budget), device=device)
         if ddp:
             dist.broadcast(flag, 0)
@@ -518,7 +520,7 @@ while True:
                f"{tokens_per_iter / elapsed:,.0f} tok/s" + (f" | mfu {mfu:.1%}" if mfu else '')
                + f" | eta {max(left, 0) / 60:.1f} min")
         log(dict(event='train', iter=iter_num, loss=lossf, lr=lr, ms=elapsed * 1000, tok_s=tokens_per_iter / elapsed,
-                 mfu=mfu, tokens=tokens, time=train_time))
+                 mfu=mfu, tokens=tokens, time=train_time + time.time() - t0))
     train_time += time.time() - t0  # after the log step's sync: a GPU's queue counts
 
 # ---- the end: full-split evaluation, a sample
