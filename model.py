@@ -2,7 +2,7 @@
 A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped. Every attention
 variant behind one config field, `attn`: standard, diff (Differential Attention, Ye et al. 2024), or a q/k transform
 of the table QK_TRANSFORMS (coupled: the paper's leapfrog; ablations; invertible: v2), alone or as diff+<it>. In order:
-config; integrators, q/k transforms, their tables; rotary, attention, MLP, block, GPT; KV cache; diagnostic; FLOPs.
+config; integrators, q/k transforms, their tables; rotary, attention, MLP, block, GPT; KV cache; diagnostics; FLOPs.
 """
 
 import math
@@ -273,6 +273,7 @@ class CausalSelfAttention(nn.Module):
         # the q/k map over every q, k pair: n_head heads, or for diff n_head sub-heads (two per differential head)
         self.qk = qk_transform(config.qk_name, config.n_head, self.head_size, config) if config.qk_name else None
         self.rotary = Rotary(self.head_size, config.block_size) if config.pos == 'rope' else None
+        self.scored = nn.Identity()  # passes (q, k) on: where a hook sees what is scored (attention_diagnostics)
         if self.diff:  # reference: microsoft/unilm Diff-Transformer multihead_diffattn.py
             self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
             self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
@@ -309,6 +310,7 @@ class CausalSelfAttention(nn.Module):
             q, k = self.rotary(q, past), self.rotary(k, past)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # the (evolved) keys and values of every token so far
+        q, k = self.scored((q, k))  # (B, nh, T, hs) after the q/k map and rotary; diff: its sub-heads
         y = self.diff_attend(q, k, v, past) if self.diff else self.attend(q, k, v, past)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
@@ -455,25 +457,30 @@ class KVCache:
         return keys[:, :, :n + T], values[:, :, :n + T]
 
 
-@torch.no_grad()
-def qk_diagnostics(model, idx):
-    """How much, and how nonlinearly, each layer's q/k map moves real tokens idx (B, T). Per layer (and head):
-    dq = |q' - q| / |q|, dk = |k' - k| / |k|, nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)| (least
-    squares per head, over all tokens): ~0 for a linear map (dt = 0, SiLU's straight range), which W_q, W_k absorb;
-    and dt, if the map has one."""
-    seen, training = [], model.training  # (module, q, k, q', k') of every q/k map, in layer order
-    hooks = [blk.attn.qk.register_forward_hook(lambda mod, inp, out: seen.append((mod, *inp[:2], *out)))
-             for blk in model.transformer.h if blk.attn.qk is not None]
-    if not hooks:
-        return []
+def seen_by(model, idx, modules):
+    """What each module gets and gives in model(idx), eval mode: [(module, its inputs, its output)], in call order."""
+    seen, training = [], model.training
+    hooks = [m.register_forward_hook(lambda mod, inp, out: seen.append((mod, inp, out))) for m in modules]
     try:
         model.eval()(idx)
     finally:
         for h in hooks:
             h.remove()
         model.train(training)
+    return seen
+
+
+@torch.no_grad()
+def qk_diagnostics(model, idx):
+    """How much, and how nonlinearly, each layer's q/k map moves real tokens idx (B, T). Per layer (and head):
+    dq = |q' - q| / |q|, dk = |k' - k| / |k|, nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)| (least
+    squares per head, over all tokens): ~0 for a linear map (dt = 0, SiLU's straight range), which W_q, W_k absorb;
+    and dt, if the map has one."""
+    maps = [blk.attn.qk for blk in model.transformer.h if blk.attn.qk is not None]
+    if not maps:
+        return []
     stats, rel = [], lambda a, b: ((a - b).norm() / b.norm()).item()
-    for mod, q, k, q1, k1 in seen:  # (B, nh, T, hs) -> per head (nh, N, 2 hs), in float64
+    for mod, (q, k), (q1, k1) in seen_by(model, idx, maps):  # (B, nh, T, hs) -> per head (nh, N, 2 hs), float64
         x, y = (torch.cat(p, -1).double().transpose(0, 1).flatten(1, 2) for p in ((q, k), (q1, k1)))
         x1 = torch.cat((x, torch.ones_like(x[..., :1])), -1)           # affine: [q, k, 1]
         resid = y - x1 @ torch.linalg.lstsq(x1, y).solution            # (nh, N, 2 hs)
@@ -486,7 +493,37 @@ def qk_diagnostics(model, idx):
     return stats
 
 
-def median_layer(stats, key):  # qk_diagnostics in one number: the median over layers
+def attention_probs(q, k):  # softmax(q k^T / sqrt(hs)) over positions <= t, in float64: (B, nh, T, T)
+    T = q.size(2)
+    att = q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.size(-1))
+    return att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), -math.inf).softmax(-1)
+
+
+def attention_stats(att):
+    """Attention probabilities att (..., T, T), causal rows that sum to 1, in three numbers, each a mean over all but
+    the last two dims: entropy, row i's entropy over its maximum log(i + 1) (1: uniform, 0: one position); sink, row
+    i's mass on position 0; both over rows i >= 1 (row 0 sees only itself); gap, sigma_2 / sigma_1 (0: rank one)."""
+    rows, T = att[..., 1:, :], att.size(-1)                                           # rows i = 1 .. T-1
+    log_n = torch.arange(2, T + 1, dtype=att.dtype, device=att.device).log()           # log(i + 1), (T-1,)
+    entropy = -torch.special.xlogy(rows, rows).sum(-1) / log_n                         # -sum p log p, 0 log 0 = 0
+    sigma = torch.linalg.svdvals(att)                                                  # (..., T), descending
+    return dict(entropy=entropy.mean().item(), sink=rows[..., 0].mean().item(),
+                gap=(sigma[..., 1] / sigma[..., 0]).mean().item())
+
+
+@torch.no_grad()
+def attention_diagnostics(model, idx):
+    """The pathologies coupling is said to cure (attention gone uniform, a sink, a widening gap between the leading
+    singular values), per layer on real tokens idx (B, T): attention_stats of every head's softmax, from the q, k
+    the layer scored (its `scored` hook point). Diff: each sub-head's softmax on its own (their signed difference is
+    no distribution)."""
+    if idx.size(1) < 2:  # no row i >= 1
+        return []
+    scored = seen_by(model, idx, [blk.attn.scored for blk in model.transformer.h])
+    return [attention_stats(attention_probs(*qk)) for _, _, qk in scored]
+
+
+def median_layer(stats, key):  # a diagnostic in one number: the median over layers
     return statistics.median(s[key] for s in stats)
 
 

@@ -577,6 +577,67 @@ def test_qk_scale_sets_the_spread_of_the_potentials_pre_activations():
     assert 1.8 < z.std().item() < 2.2
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# the attention diagnostics: how uniform attention is, how much sits on the first position, how near rank one
+
+def causal(rows):  # a (T, T) attention matrix from its rows' weights over positions 0..i
+    T = len(rows)
+    return torch.tensor([list(r) + [0.0] * (T - len(r)) for r in rows], dtype=torch.float64)
+
+
+def test_attention_stats_of_hand_made_matrices():
+    T = 6
+    uniform = causal([[1 / (i + 1)] * (i + 1) for i in range(T)])
+    first = causal([[1.0] + [0.0] * i for i in range(T)])  # every row on position 0: rank one
+    s = 0.7                                                  # a sink: 0.7 on position 0, the rest spread evenly
+    sunk = causal([[1.0]] + [[s] + [(1 - s) / i] * i for i in range(1, T)])
+    u, f, i, k = (M.attention_stats(a) for a in (uniform, first, torch.eye(T, dtype=torch.float64), sunk))
+    assert u['entropy'] == pytest.approx(1) and u['sink'] == pytest.approx(sum(1 / (i + 1) for i in range(1, T)) / 5)
+    assert f['entropy'] == 0 and f['sink'] == 1 and f['gap'] == pytest.approx(0, abs=1e-12)
+    assert i['entropy'] == 0 and i['sink'] == 0 and i['gap'] == pytest.approx(1)
+    h = [(-s * math.log(s) - (1 - s) * math.log((1 - s) / n)) / math.log(n + 1) for n in range(1, T)]
+    assert k['sink'] == pytest.approx(s) and k['entropy'] == pytest.approx(sum(h) / 5)
+    assert 0 < k['gap'] < u['gap'] < 1  # a sink pulls every row toward one: nearer rank one than uniform rows
+    heads = M.attention_stats(torch.stack((uniform, first))[None])  # (B, nh, T, T): the mean over heads
+    assert heads == pytest.approx({key: (u[key] + f[key]) / 2 for key in u})
+    assert M.attention_diagnostics(build(), idx_batch(T=1)) == []  # no row i >= 1
+
+
+def sharpen(model, factor=30.0):  # larger q, k: peaked attention, far from the uniform rows of initialization
+    with torch.no_grad():
+        for blk in model.transformer.h:
+            blk.attn.c_attn.weight.mul_(factor)
+
+
+@pytest.mark.parametrize('attn, pos', [('standard', 'learned'), ('coupled', 'rope')])
+def test_attention_diagnostics_read_the_probabilities_attention_applies(attn, pos):
+    # the q, k at the hook point `scored` (after the q/k map and rotary) give the P with which attention mixes v
+    model = build(attn, pos=pos)
+    randomize_qk(model)
+    sharpen(model)
+    layer = model.transformer.h[1].attn
+    seen = M.seen_by(model, idx_batch(), [layer.c_attn, layer.scored, layer.c_proj])  # (module, inputs, output)
+    (_, _, qkv), (_, _, (q, k)), (_, (y,), _) = seen
+    B, T, C = y.shape
+    v = qkv.split(C, dim=2)[2].view(B, T, 4, C // 4).transpose(1, 2).double()  # (B, nh, T, hs)
+    assert torch.allclose((M.attention_probs(q, k) @ v).transpose(1, 2).reshape(B, T, C), y.double(), atol=1e-5)
+    stats = M.attention_diagnostics(model, idx_batch())
+    assert len(stats) == 2 and stats[1] == pytest.approx(M.attention_stats(M.attention_probs(q, k)))
+    assert all(0 <= s[key] <= 1 for s in stats for key in s) and stats[1]['entropy'] < 0.8  # peaked: a real check
+
+
+def test_diff_attention_is_measured_per_sub_softmax():
+    # diff's n_head sub-heads are standard attention's n_head heads, each its own softmax: with the same weights,
+    # layer 0 (same input, same q, k) measures the same; its signed rows (P1 - lambda P2) would not
+    diff = build('diff')
+    sharpen(diff)
+    standard = build('standard')
+    standard.load_state_dict(diff.state_dict(), strict=False)  # embeddings, c_attn, ...: all they share
+    d, s = (M.attention_diagnostics(m, idx_batch()) for m in (diff, standard))
+    assert len(d) == 2 and d[0] == pytest.approx(s[0], rel=1e-9) and s[0]['entropy'] < 0.8
+    assert all(0 <= x[key] <= 1 for x in d for key in x)
+
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # what trains is what you read: one code path for the dynamics, and a variant is one entry of QK_TRANSFORMS
