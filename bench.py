@@ -52,13 +52,18 @@ NOT_COMPARED = {'seed', 'out_dir', 'data_dir', 'init_from', 'eval_only', 'device
                 'sample_tokens'}
 
 
+ATTENTION = ('entropy', 'sink', 'gap')  # model.attention_diagnostics, per layer
+
+
 def well_typed(r):  # the fields the report reads have the types it expects
     num = lambda x: type(x) in (int, float)  # not a bool
-    qk = r.get('qk', [])
+    qk, att = r.get('qk', []), r.get('attn', [])
     return (isinstance(r.get('event'), str) and isinstance(r.get('config', {}), dict) and isinstance(qk, list)
             and all(num(r.get(k, 0)) for k in ('iter', 'tokens', 'val_loss', 'val_ppl', 'ms'))
             and all(isinstance(s, dict) and num(s.get('nonlinear')) and isinstance(s.get('dt', []), list)
-                    and all(map(num, s.get('dt', []))) for s in qk))
+                    and all(map(num, s.get('dt', []))) for s in qk)
+            and isinstance(att, list) and all(isinstance(s, dict) and all(num(s.get(k)) for k in ATTENTION)
+                                              for s in att))
 
 
 def read_log(path):
@@ -211,7 +216,8 @@ def report(folders, plot):
     print("| corpus | variant | seeds | val ppl (full split, mean +- std) | vs standard | standard tokens to match "
           "| nonlinear | dt | tokens | ms/iter |\n|---|---|---|---|---|---|---|---|---|---|")
     used = set()  # the standard rows token_ratio read
-    for corpus, name in sorted(rows, key=lambda k: (k[0], rows[k]['label'] != 'standard', mean(ppl[k]))):
+    order = sorted(rows, key=lambda k: (k[0], rows[k]['label'] != 'standard', mean(ppl[k])))
+    for corpus, name in order:
         row = rows[(corpus, name)]
         p, tokens = ppl[(corpus, name)], row['kind']['tokens']
         spread = f"{mean(p):.3f}"
@@ -236,6 +242,7 @@ def report(folders, plot):
               f"{f'{100 * mean(nonlin):.2f}%' if nonlin else '-'} | "
               f"{f'{mean(dts):.3f}' if dts else '-'} | {tokens:,} | "
               f"{f'{median(ms):.0f}' if ms else '-'} |")
+    attention_table(rows, order)
     for corpus in sorted({c for c, _ in used}):
         keys = [k for k in rows if k in used and k[0] == corpus]
         refs = [f"{k[1]} ({len(ppl[k])} seed{'s' * (len(ppl[k]) > 1)}, {len(curve(rows[k]))} evals to "
@@ -247,6 +254,22 @@ def report(folders, plot):
               f"rate has not decayed yet): standard's own row calibrates the reading")
     for note in notes:
         print(note, file=sys.stderr)
+
+
+def attention_table(rows, order):
+    """Each row's attention diagnostics at its final eval, per layer from first to last, mean over the seeds that
+    logged them. A row without them (a log from before train.py wrote them) is left out; no row: no table."""
+    lines = []
+    for key in order:
+        att = [r['evals'][-1]['attn'] for r in rows[key]['runs'] if r['evals'] and r['evals'][-1].get('attn')]
+        if att:  # att: per seed, per layer, {entropy, sink, gap}; zip(*att): per layer, per seed
+            cells = [' '.join(f"{mean(s[k] for s in layer):.3f}" for layer in zip(*att)) for k in ATTENTION]
+            lines.append(f"| {key[0]} | {key[1]} | {len(att)} | {' | '.join(cells)} |")
+    if lines:
+        print("\nAttention at the final eval, per layer from first to last, mean over seeds. entropy: a row's entropy "
+              "over its maximum (1: uniform); sink: the mass on the window's first position; gap: sigma_2 / sigma_1 "
+              "(0: rank one)\n| corpus | variant | seeds | entropy | sink | gap |\n|---|---|---|---|---|---|")
+        print('\n'.join(lines))
 
 
 def plot_curves(rows, path):

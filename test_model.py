@@ -1343,7 +1343,7 @@ def test_full_split_evaluation_equals_an_independent_computation(corpus, tmp_pat
     assert 'bits per byte' in line
 
 
-def test_training_lowers_validation_loss_and_logs_progress_and_the_coupling(corpus, tmp_path):
+def test_training_lowers_validation_loss_and_logs_progress_the_coupling_and_attention(corpus, tmp_path):
     r = train(corpus, tmp_path, '--max_iters=40', '--eval_interval=20', '--attn=coupled', '--learning_rate=1e-3',
               '--warmup_iters=10', '--dropout=0')  # (dropout 0 is a valid float: 0 once was refused)
     assert r.returncode == 0
@@ -1354,6 +1354,19 @@ def test_training_lowers_validation_loss_and_logs_progress_and_the_coupling(corp
     assert len(evals) == 3 and evals[-1]['val_loss'] < evals[0]['val_loss'] - 1.0
     for e in evals:  # every eval carries the per-layer coupling diagnostic, with the step sizes
         assert len(e['qk']) == 2 and all(len(s['dt']) == 4 and 0 <= s['nonlinear'] for s in e['qk'])
+    # and the attention diagnostics: per layer, those of the saved model on the diagnostics' batch (seed 10,000)
+    step = [x for x in r.stdout.splitlines() if x.startswith('step 40:')][0]
+    att = evals[-1]['attn']
+    assert f"attention: entropy {np.median([s['entropy'] for s in att]):.2f}, sink " in step
+    ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
+    model = GPT(GPTConfig(**ckpt['model_args']), verbose=False)
+    model.load_state_dict(ckpt['model'])
+    data = read_bin(os.path.join(corpus, 'pydocs', 'val.bin'))
+    ix = torch.randint(len(data) - 32 - 1, (4,), generator=torch.Generator().manual_seed(10_000))
+    x = torch.stack([torch.from_numpy(data[i:i + 32].astype(np.int64)) for i in ix])
+    assert att == [pytest.approx(s, abs=1e-6) for s in M.attention_diagnostics(model, x)]
+    assert len(att) == 2 and att != evals[0]['attn']  # it moved with training
+    assert all(0 <= s[k] <= 1 for e in evals for s in e['attn'] for k in s)
 
 
 BAD_FLAGS = [
@@ -1876,20 +1889,21 @@ def test_a_full_disk_while_saving_or_logging_is_one_line_and_the_last_checkpoint
 # ---------------------------------------------------------------------------------------------------------------
 # bench.py --report: rows of comparable runs, the tokens standard needs, curves
 
-def fake_run(folder, evals, final_ppl, world_size=1, **config):
-    """A finished run's metrics.jsonl: a start record, evals [(tokens, val_loss)], a final record (128 tokens an
-    iteration); final_ppl=None: no final (the run stopped)."""
+def fake_run(folder, evals, final_ppl, world_size=1, attn_last=None, **config):
+    """A finished run's metrics.jsonl: a start record, evals [(tokens, val_loss)] (the last with the attention
+    diagnostics attn_last, if given), a final record (128 tokens an iteration); final_ppl=None: no final."""
     cfg = dict(dataset='pydocs', attn='standard', n_layer=2, n_head=4, n_embd=128, block_size=32, bias=False,
                pos='learned', batch_size=4, gradient_accumulation_steps=1, eval_iters=2, learning_rate=1e-3,
                max_iters=evals[-1][0] // 128, seed=1) | config
     os.makedirs(folder)
     log_records(folder, dict(event='start', iter=0, config=cfg, world_size=world_size, tokens=0))
-    log_evals(folder, evals, final_ppl)
+    log_evals(folder, evals, final_ppl, attn_last)
     return cfg
 
 
-def log_evals(folder, evals, final_ppl=None):
-    log_records(folder, *[dict(event='eval', iter=t // 128, tokens=t, val_loss=loss, qk=[]) for t, loss in evals])
+def log_evals(folder, evals, final_ppl=None, attn_last=None):
+    records = [dict(event='eval', iter=t // 128, tokens=t, val_loss=loss, qk=[]) for t, loss in evals]
+    log_records(folder, *records[:-1], records[-1] | ({} if attn_last is None else dict(attn=attn_last)))
     if final_ppl is not None:
         log_records(folder, dict(event='final', iter=evals[-1][0] // 128, tokens=evals[-1][0],
                                  val_loss=math.log(final_ppl), val_ppl=final_ppl))
@@ -1921,8 +1935,9 @@ def bench_report(capsys, monkeypatch, *args):
     return code, out.out, out.err
 
 
-def report_rows(stdout):
-    return {row.split(' | ')[1]: row.split(' | ') for row in stdout.splitlines() if row.startswith('| pydocs')}
+def report_rows(stdout, table=0):  # the rows of the first table (the results), or of the second (attention)
+    return {row.split(' | ')[1]: row.split(' | ') for row in stdout.split('\n\n')[table].splitlines()
+            if row.startswith('| pydocs')}
 
 
 def test_report_reads_the_tokens_standard_needs_off_its_curves(tmp_path):
@@ -2035,7 +2050,26 @@ def test_report_counts_each_run_once(tmp_path, capsys, monkeypatch):
     assert rows['standard'][2] == '1' and 'pydocs/coupled: 2 runs share seed 1' in err
 
 
+def test_report_gives_the_attention_per_layer_and_reads_older_logs_as_before(tmp_path, capsys, monkeypatch):
+    runs = tmp_path / 'runs'
+    layers = lambda *xs: [dict(entropy=e, sink=s, gap=g) for e, s, g in xs]
+    fake_run(runs / 'standard-s1', [(0, 5.0), (128, 3.0)], 8.0, attn_last=layers((0.9, 0.1, 0.5), (0.7, 0.3, 0.4)))
+    fake_run(runs / 'standard-s2', [(0, 5.0), (128, 3.0)], 8.0, seed=2,
+             attn_last=layers((0.8, 0.2, 0.6), (0.5, 0.5, 0.2)))
+    fake_run(runs / 'coupled-s1', [(0, 5.0), (128, 3.0)], 9.0, attn='coupled')  # an older log: no diagnostics
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
+    assert code == 0 and err == '', err
+    assert set(report_rows(out)) == {'standard', 'coupled'}
+    assert report_rows(out, 1) == {'standard': ['| pydocs', 'standard', '2', '0.850 0.600', '0.150 0.400',
+                                                '0.550 0.300 |']}  # per layer, mean over the seeds
+    code, old, err = bench_report(capsys, monkeypatch, f'--report={runs / "coupled-s1"}')
+    assert code == 0 and 'Attention' not in old and '| pydocs | coupled | 1 |' in old  # older logs: as before
+
+
 BAD_RECORDS = {  # what a broken or hand-edited log may hold; each record is skipped with a warning
+    'attn a dict': [dict(event='eval', iter=1, tokens=128, val_loss=3.0, attn={'entropy': 0.5})],
+    'attn malformed': [dict(event='eval', iter=1, tokens=128, val_loss=3.0,
+                            attn=[{'entropy': 0.5, 'sink': None, 'gap': 0.3}])],
     'qk a string': [dict(event='eval', iter=1, tokens=128, val_loss=3.0, qk='none')],
     'qk malformed': [dict(event='eval', iter=1, tokens=128, val_loss=3.0, qk=[{'nonlinear': 'high'}])],
     'dt a string': [dict(event='eval', iter=1, tokens=128, val_loss=3.0, qk=[{'nonlinear': 0.1, 'dt': 'small'}])],
@@ -2221,8 +2255,11 @@ def test_report_tabulates_any_run_folders_and_survives_a_cut_line(corpus, tmp_pa
                                                              f'--report={tmp_path / "out-standard"},{tmp_path / "out-coupled"}'))
     assert r.returncode == 0, r.stderr
     assert 'out-coupled/metrics.jsonl:' in r.stderr and 'skipped' in r.stderr
-    rows = [line for line in r.stdout.splitlines() if line.startswith('| ') and 'variant' not in line]
+    rows = [line for line in r.stdout.split('\n\n')[0].splitlines() if line.startswith('| ') and 'variant' not in line]
     assert len(rows) == 2 and any('| coupled |' in row for row in rows) and any('| standard |' in row for row in rows)
+    attention = report_rows(r.stdout, 1)  # train.py's attention diagnostics: 3 numbers a layer, 2 layers
+    assert set(attention) == {'standard', 'coupled'}, r.stdout
+    assert all(len(row[k].rstrip(' |').split()) == 2 for row in attention.values() for k in (3, 4, 5)), r.stdout
 
 
 # ---------------------------------------------------------------------------------------------------------------

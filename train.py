@@ -56,8 +56,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
-from model import (POS, PRESETS, GPT, GPTConfig, attn_names, flops_per_token, median_layer, peak_flops,
-                   qk_diagnostics)
+from model import (POS, PRESETS, GPT, GPTConfig, attention_diagnostics, attn_names, flops_per_token, median_layer,
+                   peak_flops, qk_diagnostics)
 
 # -----------------------------------------------------------------------------
 _before = set(globals())  # the settings: what this block adds
@@ -474,13 +474,16 @@ while True:
         losses = estimate_loss()
         if not all(math.isfinite(v) for v in losses.values()):  # the last update broke it
             not_finite(iter_num, losses['val'])
-        qk = qk_diagnostics(raw_model, get_batch('val', torch.Generator().manual_seed(10_000))[0]) if master else []
+        x = get_batch('val', torch.Generator().manual_seed(10_000))[0] if master else None  # the diagnostics' batch
+        qk, att = (qk_diagnostics(raw_model, x), attention_diagnostics(raw_model, x)) if master else ([], [])
         print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val ppl "
                f"{perplexity(losses['val']):.2f} ({eval_iters}-batch estimates)" + (
                    " | q/k map: nonlinear {:.2%}, dq {:.1%}, dk {:.1%} (median layer)".format(
-                       *(median_layer(qk, k) for k in ('nonlinear', 'dq', 'dk'))) if qk else ''))
+                       *(median_layer(qk, k) for k in ('nonlinear', 'dq', 'dk'))) if qk else '') + (
+                   " | attention: entropy {:.2f}, sink {:.2f}, gap {:.2f} (median layer)".format(
+                       *(median_layer(att, k) for k in ('entropy', 'sink', 'gap'))) if att else ''))
         log(dict(event='eval', iter=iter_num, train_loss=losses['train'], val_loss=losses['val'],
-                 val_ppl=perplexity(losses['val']), tokens=tokens, time=train_time, qk=qk))
+                 val_ppl=perplexity(losses['val']), tokens=tokens, time=train_time, qk=qk, attn=att))
         if losses['val'] < best_val_loss or always_save_checkpoint:
             best_val_loss = min(best_val_loss, losses['val'])
             if iter_num > start_iter or last:
