@@ -69,9 +69,9 @@ class GPTConfig:
 # q/k transforms. Each maps q, k of shape (B, nh, T, hs) per head and per token: positions never mix.
 
 class Table(dict):  # a name maps to one thing: an unknown name is an error, never a default; a taken one is refused
-    def __init__(self, what, entries):
+    def __init__(self, entries, what=None):
         super().__init__(entries)
-        self.what = what
+        self.what = what or entries.what  # what a name names; a copy, Table(table), keeps it
 
     def __missing__(self, name):
         raise ValueError(f"{self.what} {name!r} is unknown; choose one of {', '.join(self)}")
@@ -135,7 +135,7 @@ class FreeForce(HeadMLP):
         nn.init.normal_(self.a, std=(w_std or 1 / math.sqrt(head_size)) / (2 * math.sqrt(hidden)))
 
 
-FORCES = Table('force', {'potential': Potential, 'mlp': FreeForce})
+FORCES = Table({'potential': Potential, 'mlp': FreeForce}, 'force')
 
 
 # Integrators: step(h, q, k, dt) -> (q, k), one step of size dt for the Hamiltonian h; h.force(q, c) is c F(q).
@@ -160,11 +160,11 @@ def symplectic_euler(h, q, k, dt):
 # What each promises for a gradient force (symplectic: J^T Omega J = Omega; volume_preserving: det J = 1; symmetric:
 # -dt returns; order p: error ~ dt^p), and its cost a step: forces, and vector_ops elementwise ops on hs numbers
 Integrator = namedtuple('Integrator', 'step symplectic volume_preserving symmetric order forces vector_ops')
-INTEGRATORS = Table('integrator', {
+INTEGRATORS = Table({
     'leapfrog': Integrator(leapfrog, True, True, True, order=2, forces=2, vector_ops=4),
     'euler': Integrator(euler, False, False, False, order=1, forces=1, vector_ops=3),
     'symplectic-euler': Integrator(symplectic_euler, True, True, False, order=1, forces=1, vector_ops=3),
-})
+}, 'integrator')
 
 
 class Hamiltonian(nn.Module):
@@ -270,7 +270,7 @@ def dynamics(integrator, force='potential', width=lambda m: m, cls=None, **promi
                        price if priced else None, **claims)
 
 
-QK_TRANSFORMS = Table('attention variant', {
+QK_TRANSFORMS = Table({
     'coupled': dynamics('leapfrog'),  # the paper's method, our reading: leapfrog under the potential's force
     'euler': dynamics('euler'),
     'symplectic-euler': dynamics('symplectic-euler'),
@@ -286,7 +286,7 @@ QK_TRANSFORMS = Table('attention variant', {
     'invertible': QKTransform(Invertible, lambda c: {}, lambda m: max(1, round(0.4 * m)),
                               lambda hs, h, n: (n * 12 * h * hs, n * (4 * h + 8 * hs)),
                               False, False, False, order=None, identity_at_zero=False),
-})
+}, 'q/k transform')
 
 
 def attn_names():  # every --attn value, [diff+]<entry>, read from the table when asked (an entry added later counts)

@@ -1662,7 +1662,7 @@ def test_bad_data_and_checkpoints_are_refused_clearly_and_a_run_is_never_overwri
         'learning_rate': ckpt | dict(config=ckpt['config'] | dict(learning_rate='fast')),
         'n_head': ckpt | dict(model_args=ckpt['model_args'] | dict(n_head='four')),
         'rng': ckpt | dict(rng=[dict(ckpt['rng'][0], torch=torch.zeros(3, dtype=torch.uint8))]),
-        'names': ckpt | dict(model={k.replace('.V.W', '.V.c_fc'): v for k, v in ckpt['model'].items()}),
+        'names': ckpt | dict(model={k.replace('.f.W', '.f.c_fc'): v for k, v in ckpt['model'].items()}),
         'garbage': b'not a checkpoint',
     }
     for name, c in broken.items():
