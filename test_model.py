@@ -878,6 +878,10 @@ def test_an_entry_without_a_price_is_refused_where_a_price_is_needed_and_trains_
         flops_per_token(GPTConfig(attn=name), 128)
     losses = adamw_losses(build(name))  # the model itself needs no price (train.py asks for one only for MFU)
     assert losses[-1] < losses[0]
+    r = run('-c', f"import model, runpy, sys; model.QK_TRANSFORMS[{name!r}] = model.QK_TRANSFORMS['coupled']._replace("
+            f"flops=None); sys.argv = ['bench.py', '--attn={name}', '--mode=train']; runpy.run_path('bench.py', "
+            "run_name='__main__')")
+    assert r.returncode == 1 and r.stderr.count('\n') == 1 and f'{name} has no FLOP price' in r.stderr, r.stderr
 
 
 def test_an_unknown_transform_is_an_error_in_the_flop_model_never_a_zero(monkeypatch):
