@@ -2,7 +2,8 @@
 A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped. Every attention
 variant behind one config field, `attn`: standard, diff (Differential Attention, Ye et al. 2024), or a q/k transform
 of the table QK_TRANSFORMS (coupled: the paper's leapfrog; ablations; invertible: v2), alone or as diff+<it>. In order:
-config; integrators, q/k transforms, their tables; rotary, attention, MLP, block, GPT; KV cache; diagnostic; FLOPs.
+config; forces, integrators, q/k transforms and their tables; rotary, attention, MLP, block, GPT; KV cache; diagnostic;
+FLOPs.
 """
 
 import inspect
@@ -174,8 +175,7 @@ class Hamiltonian(nn.Module):
 
     def __init__(self, n_head, head_size, hidden, steps, integrator='leapfrog', dt=0.1, w_std=None, force='potential'):
         super().__init__()
-        step = INTEGRATORS[integrator].step  # an unknown name fails here and at every call
-        if len(inspect.signature(step).parameters) != 4:
+        if len(inspect.signature(INTEGRATORS[integrator].step).parameters) != 4:  # an unknown name: an error too
             raise TypeError(f"integrator {integrator!r}: a step is step(h, q, k, dt) -> (q, k), it takes no kick")
         self.f = FORCES[force](n_head, head_size, hidden, w_std=w_std)
         self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
@@ -194,7 +194,7 @@ class Hamiltonian(nn.Module):
         q, k = (x.transpose(0, 1).reshape(nh, B * T, hs) for x in (q, k))
         for _ in range(self.steps):
             out = self.step(q, k, dt)
-            if len(out) != 2:  # a step hands nothing on
+            if len(out) != 2:  # a step hands nothing on to the next (a kick to reuse, say)
                 raise TypeError(f"integrator {self.integrator!r}: a step returns (q, k), not {len(out)} values")
             q, k = out
         return tuple(x.view(nh, B, T, hs).transpose(0, 1) for x in (q, k))  # (B, nh, T, hs)
@@ -258,16 +258,15 @@ QKTransform = namedtuple('QKTransform', 'cls args width flops symplectic volume_
 
 
 def dynamics(integrator, force='potential', width=lambda m: m, cls=None, **promises):
-    """The entry of a Hamiltonian (or cls, a subclass) under INTEGRATORS[integrator] and FORCES[force]. Promises
-    not given follow: symplectic if the force is a gradient; the rest the integrator's, whatever the force."""
+    """The entry of a Hamiltonian (or cls, a subclass) under INTEGRATORS[integrator] and FORCES[force]. What is
+    not given follows: symplectic if the force is a gradient, the rest the integrator's whatever the force."""
     it, f = INTEGRATORS[integrator], FORCES[force]
-    priced = None not in (f.flops, it.forces, it.vector_ops)
-    price = lambda hs, m, n: (n * it.forces * f.flops(hs, m)[0],
+    price = lambda hs, m, n: (n * it.forces * f.flops(hs, m)[0],  # n steps of forces and vector ops
                               n * (it.forces * f.flops(hs, m)[1] + it.vector_ops * hs))
-    claims = dict(symplectic=it.symplectic and f.gradient, volume_preserving=it.volume_preserving,
-                  symmetric=it.symmetric, order=it.order, identity_at_zero=True) | promises
-    return QKTransform(cls or Hamiltonian, lambda c: dict(integrator=integrator, force=force, dt=c.qk_dt), width,
-                       price if priced else None, **claims)
+    given = dict(flops=price if f.flops else None, symplectic=it.symplectic and f.gradient, order=it.order,
+                 volume_preserving=it.volume_preserving, symmetric=it.symmetric, identity_at_zero=True) | promises
+    args = lambda c: dict(integrator=integrator, force=force, dt=c.qk_dt)
+    return QKTransform(cls or Hamiltonian, args, width, **given)
 
 
 QK_TRANSFORMS = Table({
