@@ -825,21 +825,21 @@ def test_an_overridden_force_reaches_training():
     assert doubled(idx, targets=idx)[1].item() != pytest.approx(losses[1], abs=1e-6)
 
 
-def test_every_table_entry_builds_its_declared_class_integrator_width_and_cost():
-    cfg = PRESETS['60m']
-    base = flops_per_token(GPTConfig(**cfg), 512)
-    for name, spec in QK_TRANSFORMS.items():
-        for attn in (name, 'diff+' + name):
-            model = build(attn, qk_hidden=8, qk_dt=0.25)
-            args = spec.args(model.config)
-            for qk in qk_maps(model):
-                assert type(qk) is spec.cls and getattr(qk, 'integrator', None) == args.get('integrator'), attn
-                assert 'force' not in args or type(qk.f) is FORCES[args['force']], attn
-                assert not hasattr(qk, 'dt') or torch.equal(qk.dt, torch.full((4,), 0.25)), attn  # --qk_dt reaches it
-                widths = {mlp.W.shape[1] for mlp in qk.modules() if isinstance(mlp, M.HeadMLP)}
-                assert widths == {spec.width(8)}, attn
+@pytest.mark.parametrize('name', QK_TRANSFORMS)
+def test_every_table_entry_builds_its_declared_class_integrator_force_width_and_cost(name):
+    spec, cfg = QK_TRANSFORMS[name], PRESETS['60m']
+    for attn in (name, 'diff+' + name):
+        model = build(attn, qk_hidden=8, qk_dt=0.25)
+        args = spec.args(model.config)
+        for qk in qk_maps(model):
+            assert type(qk) is spec.cls and getattr(qk, 'integrator', None) == args.get('integrator'), attn
+            assert 'force' not in args or type(qk.f) is FORCES[args['force']], attn
+            assert not hasattr(qk, 'dt') or torch.equal(qk.dt, torch.full((4,), 0.25)), attn  # --qk_dt reaches it
+            widths = {mlp.W.shape[1] for mlp in qk.modules() if isinstance(mlp, M.HeadMLP)}
+            assert widths == {spec.width(8)}, attn
+    if spec.flops is not None:
         assert all(f > 0 for f in spec.flops(64, spec.width(12), 1))
-        assert flops_per_token(GPTConfig(attn=name, **cfg), 512) > base
+        assert flops_per_token(GPTConfig(attn=name, **cfg), 512) > flops_per_token(GPTConfig(**cfg), 512)
 
 
 def test_a_transform_added_to_the_table_alone_trains_is_costed_and_keeps_its_integrator(monkeypatch):
@@ -905,6 +905,8 @@ def counted_and_priced_matmul_flops(name, steps, B=2, T=3, nh=2, hs=8, m=12):
 @pytest.mark.parametrize('name', QK_TRANSFORMS)
 @pytest.mark.parametrize('steps', [1, 3])
 def test_every_entrys_price_is_what_torch_counts(name, steps):
+    if QK_TRANSFORMS[name].flops is None:
+        pytest.skip(f"{name} states no FLOP price")
     counted, priced = counted_and_priced_matmul_flops(name, steps)
     assert counted == priced > 0
 
@@ -930,6 +932,8 @@ class Elementwise(torch.utils._python_dispatch.TorchDispatchMode):
 @pytest.mark.parametrize('steps', [1, 3])
 def test_every_entrys_elementwise_price_is_what_is_counted(name, steps, nh=2, hs=8, m=12):
     spec = QK_TRANSFORMS[name]
+    if spec.flops is None:
+        pytest.skip(f"{name} states no FLOP price")
     qk = M.qk_transform(name, nh, hs, tiny(name, qk_steps=steps, qk_hidden=m))
 
     def count(T):
@@ -939,6 +943,17 @@ def test_every_entrys_elementwise_price_is_what_is_counted(name, steps, nh=2, hs
     counted = (count(7) - count(3)) / (2 * 4 * nh)  # per token and head: what the parameters' own ops cost drops out
     priced = spec.flops(hs, spec.width(m), steps)[1]
     assert 0.8 * counted <= priced <= 1.25 * counted, f"{name} prices {priced} elementwise FLOPs, counted {counted}"
+
+
+def test_a_wrong_elementwise_price_fails_naming_the_entry(monkeypatch):
+    # exercise 6 priced at n * 1000000 or 0 elementwise FLOPs: caught by `-k <name>`
+    coupled = QK_TRANSFORMS['coupled']
+    for wrong in (lambda n: n * 1000000, lambda n: 0):
+        name = new_name('mispriced')
+        price = lambda hs, m, n, wrong=wrong: (coupled.flops(hs, m, n)[0], wrong(n))
+        monkeypatch.setitem(QK_TRANSFORMS, name, coupled._replace(flops=price))
+        with pytest.raises(AssertionError, match=f"{name} prices {wrong(1)} elementwise FLOPs, counted 200"):
+            test_every_entrys_elementwise_price_is_what_is_counted(name, 1)
 
 
 W1 = 1 / (2 - 2 ** (1 / 3))  # Yoshida's weights: three leapfrog steps of w1 dt, w0 dt, w1 dt make a 4th-order step
