@@ -557,6 +557,11 @@ def main():
         for x in given:
             if x not in known:
                 p.error(f"--{flag}: {x!r} is not one of {', '.join(known)}")
+    for v in variants if 'train' in modes else ():  # the train rows' FLOP model needs each variant's price
+        try:
+            flops_per_token(GPTConfig(attn=v), 16)
+        except ValueError as e:
+            p.error(f"--attn={v}: {e}")
     variants = ['standard'] + [v for v in variants if v != 'standard']  # first: every ratio is against it
     device = args.device if args.device != 'auto' else 'cuda' if torch.cuda.is_available() else 'cpu'
     if device.split(':')[0] not in ('cpu', 'cuda', 'mps'):

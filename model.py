@@ -2,9 +2,11 @@
 A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped. Every attention
 variant behind one config field, `attn`: standard, diff (Differential Attention, Ye et al. 2024), or a q/k transform
 of the table QK_TRANSFORMS (coupled: the paper's leapfrog; ablations; invertible: v2), alone or as diff+<it>. In order:
-config; integrators, q/k transforms, their tables; rotary, attention, MLP, block, GPT; KV cache; diagnostics; FLOPs.
+config; forces, integrators, q/k transforms and their tables; rotary, attention, MLP, block, GPT; KV cache;
+diagnostics; FLOPs.
 """
 
+import inspect
 import math
 import statistics
 from dataclasses import dataclass
@@ -29,9 +31,9 @@ class GPTConfig:
     n_embd: int = 512
     dropout: float = 0.0
     bias: bool = False       # biases in Linears and LayerNorms (GPT-2: True)
-    attn: str = 'standard'   # one of attn_names()
+    attn: str = 'standard'   # one of attn_names(): standard, diff, or [diff+]<a QK_TRANSFORMS entry>
     qk_steps: int = 1        # integration steps (the Hamiltonians) or repeats of the map (uncoupled, invertible)
-    qk_hidden: int = 12      # hidden width m of the potential V (+0.119% at 60m); the table sets the others' from it
+    qk_hidden: int = 12      # width m of coupled's potential V (+0.119% at 60m); each entry's width(m) sets its own
     qk_scale: float = 2.0    # spread of the q/k nets' pre-activations at init, out of SiLU's straight range
     qk_dt: float = 0.1       # initial step size dt of every head's dynamics (learned per head)
     qk_decay: bool = False   # weight decay on the q/k nets' matrices too (pulls them to linear)
@@ -49,21 +51,41 @@ class GPTConfig:
         check(1 <= self.qk_steps <= 7, f"qk_steps must be in 1..7 (the paper's range), got {self.qk_steps}")
         check(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
         check(self.qk_scale >= 0, f"qk_scale must be >= 0 (0: the plain initialization), got {self.qk_scale}")
-        check(not self.attn.startswith('diff') or self.n_head % 2 == 0,
+        check(not self.diff or self.n_head % 2 == 0,
               f"attn={self.attn} pairs heads into sub-heads: n_head must be even, got {self.n_head}")
         check(self.pos != 'rope' or self.n_embd // self.n_head % 2 == 0,
               f"pos=rope needs an even head size, got n_embd/n_head = {self.n_embd // self.n_head}")
 
     @property
-    def qk_name(self):  # the q/k transform's name in QK_TRANSFORMS ('coupled' for 'diff+coupled'), '' for none
-        return self.attn.removeprefix('diff').removeprefix('+').removeprefix('standard')
+    def diff(self):  # differential attention: 'diff' or 'diff+<entry>' (attn split on '+', never a prefix)
+        return self.attn.split('+')[0] == 'diff'
+
+    @property
+    def qk_name(self):  # the QK_TRANSFORMS entry of [diff+]<entry> ('coupled' for 'diff+coupled'), '' for none
+        name = self.attn.split('+')[-1]
+        return '' if name in ('standard', 'diff') else name
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # q/k transforms. Each maps q, k of shape (B, nh, T, hs) per head and per token: positions never mix.
 
+class Table(dict):  # a name maps to one thing: an unknown name is an error, never a default; a taken one is refused
+    def __init__(self, entries, what=None):
+        super().__init__(entries)
+        self.what = what or entries.what  # what a name names; a copy, Table(table), keeps it
+
+    def __missing__(self, name):
+        raise ValueError(f"{self.what} {name!r} is unknown; choose one of {', '.join(self)}")
+
+    def __setitem__(self, name, value):  # `del TABLE[name]` first to replace a built-in on purpose
+        if name in self:
+            raise ValueError(f"{self.what} {name!r} is taken; give yours a new name (e.g. 'mine')")
+        super().__setitem__(name, value)
+
+
 class HeadMLP(nn.Module):
     """A separate two-layer SiLU net per head: x (..., nh, N, d_in) -> a silu(W x + b), (..., nh, N, d_out)."""
+    matrices = ('W', 'a')  # what weight decay may fall on (--qk_decay), by role: not b, whatever its shape
 
     def __init__(self, n_head, d_in, hidden, d_out, zero_out=False, w_std=None):
         super().__init__()
@@ -84,83 +106,103 @@ def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
     return s * (1 + z * (1 - s))
 
 
-# Integrators: a step (q, k) -> (q', k') of size dt for a Hamiltonian h, and what the next step may reuse
+# Forces: cls(n_head, head_size, width, w_std), forward(q, scale) = scale F(q); whether F is a gradient; its price a
+# call, flops(hs, m) -> (matmul, elementwise) per token and head (elementwise: one per output number of a pointwise op)
 
-def leapfrog(h, q, k, dt, kick=None):  # kick-drift-kick; the last kick is the next step's first: n + 1 forces
-    kick = h.force(q, dt / 2) if kick is None else kick
-    k = k + kick    # kick:  k += dt/2 F(q)
-    q = q + dt * k  # drift: q += dt k
-    kick = h.force(q, dt / 2)
-    k = k + kick    # kick:  k += dt/2 F(q)
-    return q, k, kick
+class Potential(HeadMLP):
+    """Our reading: F(q) = -grad V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head (w_j: the rows of W)."""
+    gradient = True
+    flops = staticmethod(lambda hs, m: (4 * m * hs, 7 * m))  # W q, (.) W; + b, silu' (5), * a
+
+    def __init__(self, n_head, head_size, hidden, w_std=None):
+        super().__init__(n_head, head_size, hidden, 1, w_std=w_std)  # W (nh, m, hs), b (nh, 1, m), a (nh, 1, m)
+
+    def V(self, q):  # the potential, (..., nh, N, hs) -> (..., nh, N)
+        return super().forward(q).squeeze(-1)
+
+    def forward(self, q, scale=1.0):  # scale F(q) = -W^T (scale a * silu'(W q + b)): closed form, no autograd
+        return (silu_grad(self.pre(q)) * (-scale * self.a)) @ self.W
 
 
-def euler(h, q, k, dt, kick):  # explicit Euler, both from the old state: q += dt k, k += dt F(q)
-    return q + dt * k, k + h.force(q, dt), None
+class FreeForce(HeadMLP):
+    """The review's f(q) = A silu(W q + b) per head, W: hs -> m, A: m -> hs (here a): free, the gradient of nothing
+    (its Jacobian A diag(silu') W is not symmetric). No energy; under leapfrog volume is kept, Omega is not."""
+    gradient = False
+    flops = staticmethod(lambda hs, m: (4 * m * hs, 2 * m))  # W q, A (.); + b, silu
+
+    def __init__(self, n_head, head_size, hidden, w_std=None):
+        super().__init__(n_head, head_size, hidden, head_size, w_std=w_std)  # W (nh, m, hs), b, A = a (nh, hs, m)
+        # A as W^T times the potential's a, halved (silu's rms is ~2x silu''s at spread 2): f as strong as F at init
+        nn.init.normal_(self.a, std=(w_std or 1 / math.sqrt(head_size)) / (2 * math.sqrt(hidden)))
 
 
-def symplectic_euler(h, q, k, dt, kick):
+FORCES = Table({'potential': Potential, 'mlp': FreeForce}, 'force')
+
+
+# Integrators: step(h, q, k, dt) -> (q, k), one step of size dt for the Hamiltonian h; h.force(q, c) is c F(q).
+# A step is self-contained: it computes every force it uses, nothing is handed to the next step
+
+def leapfrog(h, q, k, dt):  # kick-drift-kick: two forces a step
+    k = k + h.force(q, dt / 2)  # kick:  k += dt/2 F(q)
+    q = q + dt * k              # drift: q += dt k
+    k = k + h.force(q, dt / 2)  # kick:  k += dt/2 F(q)
+    return q, k
+
+
+def euler(h, q, k, dt):  # explicit Euler, both from the old state: q, k = q + dt k, k + dt F(q)
+    return q + dt * k, k + h.force(q, dt)
+
+
+def symplectic_euler(h, q, k, dt):
     k = k + h.force(q, dt)  # kick:  k += dt F(q)
-    return q + dt * k, k, None  # drift: q += dt k (the new k)
+    return q + dt * k, k    # drift: q += dt k (the new k)
 
 
-class Table(dict):  # an unknown name is an error, never a default
-    def __missing__(self, name):
-        raise ValueError(f"{name!r} is not in the table: {', '.join(self)}")
-
-
-# What each promises. symplectic: J^T Omega J = Omega; symmetric: -dt returns; order p: error ~ dt^p
-Integrator = namedtuple('Integrator', 'step symplectic symmetric order')
+# What each promises for a gradient force (symplectic: J^T Omega J = Omega; volume_preserving: det J = 1; symmetric:
+# -dt returns; order p: error ~ dt^p), and its cost a step: forces, and vector_ops elementwise ops on hs numbers
+Integrator = namedtuple('Integrator', 'step symplectic volume_preserving symmetric order forces vector_ops')
 INTEGRATORS = Table({
-    'leapfrog': Integrator(leapfrog, symplectic=True, symmetric=True, order=2),
-    'euler': Integrator(euler, symplectic=False, symmetric=False, order=1),
-    'symplectic-euler': Integrator(symplectic_euler, symplectic=True, symmetric=False, order=1),
-})
+    'leapfrog': Integrator(leapfrog, True, True, True, order=2, forces=2, vector_ops=4),
+    'euler': Integrator(euler, False, False, False, order=1, forces=1, vector_ops=3),
+    'symplectic-euler': Integrator(symplectic_euler, True, True, False, order=1, forces=1, vector_ops=3),
+}, 'integrator')
 
 
 class Hamiltonian(nn.Module):
-    """Query = position, key = momentum: H(q, k) = 1/2 |k|^2 + V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head
-    (w_j: the rows of W), stepped by an INTEGRATORS entry with a step size dt learned per head."""
+    """Query = position, key = momentum: per head q'' = F(q), F a FORCES entry (the potential's -grad V: H(q, k) =
+    1/2 |k|^2 + V(q)), stepped by an INTEGRATORS entry with a step size dt learned per head."""
+    scalars = ('dt',)  # learned per-head scalars: never decayed, reported by qk_diagnostics
 
-    def __init__(self, n_head, head_size, hidden, steps, integrator='leapfrog', dt=0.1, w_std=None):
+    def __init__(self, n_head, head_size, hidden, steps, integrator='leapfrog', dt=0.1, w_std=None, force='potential'):
         super().__init__()
-        INTEGRATORS[integrator]  # an unknown name fails here and at every call
-        self.V = HeadMLP(n_head, head_size, hidden, 1, w_std=w_std)  # W (nh, m, hs), b (nh, 1, m), a (nh, 1, m)
+        if len(inspect.signature(INTEGRATORS[integrator].step).parameters) != 4:  # an unknown name: an error too
+            raise TypeError(f"integrator {integrator!r}: a step is step(h, q, k, dt) -> (q, k), it takes no kick")
+        self.f = FORCES[force](n_head, head_size, hidden, w_std=w_std)
         self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
         self.steps, self.integrator = steps, integrator
 
-    def energy(self, q, k):  # H(q, k) = 1/2 |k|^2 + V(q): (..., nh, N)
-        return 0.5 * k.pow(2).sum(-1) + self.V(q).squeeze(-1)
+    def force(self, q, scale=1.0):  # scale F(q); a subclass may change it (exercise 1: a pendulum)
+        return self.f(q, scale)
 
-    def force(self, q, scale=1.0):
-        # scale * F(q), F(q) = -grad V(q) = -W^T (a * silu'(W q + b)), closed form: no autograd inside the forward.
-        # The scale (e.g. dt/2, (nh, 1, 1)) multiplies a, m numbers per head, not the (N, hs) result
-        z = self.V.pre(q)                                             # (..., nh, N, m)
-        return (silu_grad(z) * (-scale * self.V.a)) @ self.V.W        # (..., nh, N, hs)
-
-    def step(self, q, k, dt, kick=None):  # a subclass may change it (return kick None if it moves q)
-        return INTEGRATORS[self.integrator].step(self, q, k, dt, kick)
+    def step(self, q, k, dt):  # a subclass may change it too (a damped step, say)
+        return INTEGRATORS[self.integrator].step(self, q, k, dt)
 
     def forward(self, q, k, dt=None):
         B, nh, T, hs = q.shape
         dt = (self.dt if dt is None else dt).view(nh, 1, 1)
         # all tokens of a head as one matrix, (B, nh, T, hs) -> (nh, B*T, hs): the force is one batched matmul
         q, k = (x.transpose(0, 1).reshape(nh, B * T, hs) for x in (q, k))
-        kick = None
         for _ in range(self.steps):
-            q, k, kick = self.step(q, k, dt, kick)
+            out = self.step(q, k, dt)
+            if len(out) != 2:  # a step hands nothing on to the next (a kick to reuse, say)
+                raise TypeError(f"integrator {self.integrator!r}: a step returns (q, k), not {len(out)} values")
+            q, k = out
         return tuple(x.view(nh, B, T, hs).transpose(0, 1) for x in (q, k))  # (B, nh, T, hs)
-
-    def inverse(self, q, k):  # a symmetric integrator returns with -dt; other steps need their own inverse
-        if not INTEGRATORS[self.integrator].symmetric:
-            raise ValueError(f"{self.integrator} is not symmetric: -dt does not return")
-        if type(self).step is not Hamiltonian.step or type(self).forward is not Hamiltonian.forward:
-            raise ValueError(f"{type(self).__name__} changes the step: give it its own inverse")
-        return self(q, k, dt=-self.dt)
 
 
 class Uncoupled(nn.Module):
     """Matched-capacity baseline: q += dt g_q(q), k += dt g_k(k); each stream sees only itself."""
+    scalars = ('dt',)
 
     def __init__(self, n_head, head_size, hidden, steps, dt=0.1, w_std=None):
         super().__init__()
@@ -207,28 +249,46 @@ class Invertible(nn.Module):
         return q, k
 
 
-# A q/k transform: its class, built as cls(n_head, head_size, width, steps, **args(config), w_std); its nets' width
-# from --qk_hidden m; its FLOPs per token and head, flops(hs, width, steps) = (matmul, elementwise), the matmuls counted
-# by a test. A new variant is one entry (a new integrator: one of INTEGRATORS too); --attn and the tests read it
-QKTransform = namedtuple('QKTransform', 'cls args width flops')
-first_order = lambda hs, m, n: (n * 4 * m * hs, n * (10 * m + 4 * hs))  # noqa: E731  n forces: W q, (.) W; silu'
+# What --attn=[diff+]<name> builds: cls(n_head, head_size, width(--qk_hidden), steps, **args(config), w_std); its
+# FLOPs per token and head, flops(hs, width, steps) -> (matmul, elementwise), None: refused where needed (bench, MFU);
+# its promises, held by tests `pytest -k <name>` selects: symplectic, volume_preserving, symmetric (-dt returns),
+# order (None: no claim), identity_at_zero (dt = 0 is the identity)
+QKTransform = namedtuple('QKTransform', 'cls args width flops symplectic volume_preserving symmetric order '
+                                        'identity_at_zero')
+
+
+def dynamics(integrator, force='potential', width=lambda m: m, cls=None, **promises):
+    """The entry of a Hamiltonian (or cls, a subclass) under INTEGRATORS[integrator] and FORCES[force]. What is
+    not given follows: symplectic if the force is a gradient, the rest the integrator's whatever the force."""
+    it, f = INTEGRATORS[integrator], FORCES[force]
+    price = lambda hs, m, n: (n * it.forces * f.flops(hs, m)[0],  # n steps of forces and vector ops
+                              n * (it.forces * f.flops(hs, m)[1] + it.vector_ops * hs))
+    given = dict(flops=price if f.flops else None, symplectic=it.symplectic and f.gradient, order=it.order,
+                 volume_preserving=it.volume_preserving, symmetric=it.symmetric, identity_at_zero=True) | promises
+    args = lambda c: dict(integrator=integrator, force=force, dt=c.qk_dt)
+    return QKTransform(cls or Hamiltonian, args, width, **given)
+
+
 QK_TRANSFORMS = Table({
-    # the paper's method: leapfrog, n + 1 forces
-    'coupled': QKTransform(Hamiltonian, lambda c: dict(integrator='leapfrog', dt=c.qk_dt), lambda m: m,
-                           lambda hs, m, n: ((n + 1) * 4 * m * hs, (n + 1) * 10 * m + n * 6 * hs)),
-    'euler': QKTransform(Hamiltonian, lambda c: dict(integrator='euler', dt=c.qk_dt), lambda m: m, first_order),
-    'symplectic-euler': QKTransform(Hamiltonian, lambda c: dict(integrator='symplectic-euler', dt=c.qk_dt),
-                                    lambda m: m, first_order),
-    # 4h hs + 2h + 1 parameters per head vs the potential's m hs + 2m + 1: h = m/4 matches coupled's budget
+    'coupled': dynamics('leapfrog'),  # the paper's method, our reading: leapfrog under the potential's force
+    'euler': dynamics('euler'),
+    'symplectic-euler': dynamics('symplectic-euler'),
+    # the review's reading: its free force. 2h hs + h + 1 parameters per head (width h = m/2): +0.116% at 60m
+    'euler-mlp': dynamics('euler', 'mlp', width=lambda m: max(1, m // 2)),  # exactly the review's equation
+    'coupled-mlp': dynamics('leapfrog', 'mlp', width=lambda m: max(1, m // 2)),  # coupled's integrator, its force
+    # 4h hs + 2h + 1 parameters per head vs the potential's m hs + 2m + 1: h = m/4 matches coupled's budget.
+    # Euler for q' = g_q(q), k' = g_k(k): order 1
     'uncoupled': QKTransform(Uncoupled, lambda c: dict(dt=c.qk_dt), lambda m: max(1, m // 4),
-                             lambda hs, h, n: (n * 8 * h * hs, n * 2 * (5 * h + 2 * hs))),
-    # 6h hs + 2h per head: h = 0.4 m gives v2's "about 0.3%" at 60m (2.4x coupled's)
+                             lambda hs, h, n: (n * 8 * h * hs, n * (4 * h + 2 * hs)),
+                             False, False, False, order=1, identity_at_zero=True),
+    # 6h hs + 2h per head: h = 0.4 m gives v2's "about 0.3%" at 60m (2.4x coupled's). No dt: identity at init
     'invertible': QKTransform(Invertible, lambda c: {}, lambda m: max(1, round(0.4 * m)),
-                              lambda hs, h, n: (n * 12 * h * hs, n * 2 * (5 * h + 8 * hs))),
-})
+                              lambda hs, h, n: (n * 12 * h * hs, n * (4 * h + 8 * hs)),
+                              False, False, False, order=None, identity_at_zero=False),
+}, 'q/k transform')
 
 
-def attn_names():  # every --attn value, read from the table when asked (so an entry added at run time counts)
+def attn_names():  # every --attn value, [diff+]<entry>, read from the table when asked (an entry added later counts)
     return ('standard', *QK_TRANSFORMS, 'diff', *('diff+' + t for t in QK_TRANSFORMS))
 
 
@@ -268,7 +328,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj.SCALE_INIT = True
         self.resid_dropout = nn.Dropout(config.dropout)
         self.n_head, self.n_embd, self.dropout, self.layer_idx = config.n_head, config.n_embd, config.dropout, layer_idx
-        self.head_size, self.diff = config.n_embd // config.n_head, config.attn.startswith('diff')
+        self.head_size, self.diff = config.n_embd // config.n_head, config.diff
         self.n_v_head = config.n_head // 2 if self.diff else config.n_head  # diff: one v per pair of sub-heads
         # the q/k map over every q, k pair: n_head heads, or for diff n_head sub-heads (two per differential head)
         self.qk = qk_transform(config.qk_name, config.n_head, self.head_size, config) if config.qk_name else None
@@ -364,7 +424,7 @@ class GPT(nn.Module):
             n, n_qk = self.get_num_params(), sum(p.numel() for p in self.qk_parameters())
             print(f"parameters: {n / 1e6:.2f}M; attn={config.attn}; q/k maps add {n_qk:,} ({n_qk / (n - n_qk):.3%})")
 
-    def get_num_params(self):  # all parameters, the tied embedding once, positions included
+    def get_num_params(self):  # all parameters, the tied embedding once, positions included (nanoGPT leaves them out)
         return sum(p.numel() for p in self.parameters())
 
     def qk_parameters(self):
@@ -401,11 +461,13 @@ class GPT(nn.Module):
         return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        # decay by role: matrices (dim >= 2; the q/k maps' only with config.qk_decay, whatever their names), never
-        # vectors (biases, HeadMLP's b (nh, 1, m) too, gains, diff's lambdas) or step sizes dt
+        # decay by declared role, not by shape: the weights of Linear and Embedding layers, and what a module names in
+        # `matrices` (the q/k nets' W and a, only with config.qk_decay); never biases, gains, diff's lambdas or a
+        # per-head scalar, even one stored as (nh, 1, 1)
         qk_ids = {id(p) for p in self.qk_parameters()}
-        vectors = {id(m.b) for m in self.modules() if isinstance(m, HeadMLP)}
-        decay = lambda p: p.dim() >= 2 and id(p) not in vectors and (self.config.qk_decay or id(p) not in qk_ids)
+        roles = lambda m: ('weight',) if isinstance(m, (nn.Linear, nn.Embedding)) else getattr(m, 'matrices', ())
+        matrices = {id(getattr(m, name)) for m in self.modules() for name in roles(m)}
+        decay = lambda p: id(p) in matrices and (self.config.qk_decay or id(p) not in qk_ids)
         groups = [{'params': [p for p in self.parameters() if decay(p)], 'weight_decay': weight_decay},
                   {'params': [p for p in self.parameters() if not decay(p)], 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
@@ -475,7 +537,7 @@ def qk_diagnostics(model, idx):
     """How much, and how nonlinearly, each layer's q/k map moves real tokens idx (B, T). Per layer (and head):
     dq = |q' - q| / |q|, dk = |k' - k| / |k|, nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)| (least
     squares per head, over all tokens): ~0 for a linear map (dt = 0, SiLU's straight range), which W_q, W_k absorb;
-    and dt, if the map has one."""
+    and each learned per-head scalar the map declares in `scalars` (dt, ...), by name."""
     maps = [blk.attn.qk for blk in model.transformer.h if blk.attn.qk is not None]
     if not maps:
         return []
@@ -488,8 +550,7 @@ def qk_diagnostics(model, idx):
         stats.append(dict(dq=rel(y[..., :hs], x[..., :hs]), dk=rel(y[..., hs:], x[..., hs:]),
                           nonlinear=(resid.norm() / x.norm()).item(),
                           nonlinear_heads=(resid.norm(dim=(1, 2)) / x.norm(dim=(1, 2))).tolist()))
-        if hasattr(mod, 'dt'):
-            stats[-1]['dt'] = mod.dt.tolist()
+        stats[-1].update({name: getattr(mod, name).flatten().tolist() for name in getattr(mod, 'scalars', ())})
     return stats
 
 
@@ -533,8 +594,10 @@ def median_layer(stats, key):  # a diagnostic in one number: the median over lay
 def flops_per_token(config, T):
     C, L, nh, hs = config.n_embd, config.n_layer, config.n_head, config.n_embd // config.n_head
     matmul = 2 * (L * 12 * C * C + C * config.vocab_size)            # c_attn, c_proj, c_fc, mlp.c_proj; lm_head
-    attend = L * 2 * T * C * (3 if config.attn.startswith('diff') else 2) / 2  # q k^T and (attention) v, causal half
+    attend = L * 2 * T * C * (3 if config.diff else 2) / 2  # q k^T and (attention) v, causal half
     spec = QK_TRANSFORMS[config.qk_name] if config.qk_name else None  # an unknown name is an error, never 0 FLOPs
+    if spec and spec.flops is None:
+        raise ValueError(f"{config.qk_name} has no FLOP price (flops=None in its QK_TRANSFORMS entry): give it one")
     qk_flops = L * nh * sum(spec.flops(hs, spec.width(config.qk_hidden), config.qk_steps)) if spec else 0
     return 3 * (matmul + attend + qk_flops)
 

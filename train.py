@@ -450,8 +450,11 @@ def get_lr(it):
 
 # ---- the loop (metrics.jsonl is only appended to)
 
-peak = peak_flops(device)  # for MFU: model.GPU_PEAK_FLOPS
-flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter / world_size  # one GPU's
+peak = peak_flops(device)  # for MFU: model.GPU_PEAK_FLOPS; without a peak (CPU) no FLOP price is needed
+try:
+    flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter / world_size if peak else None
+except ValueError as e:  # a variant without a price, where MFU needs one
+    die(str(e))
 log(dict(event='start', iter=iter_num, tokens=tokens, config=config, params=raw_model.get_num_params(),
          qk_params=sum(p.numel() for p in raw_model.qk_parameters()), world_size=world_size))
 phase, start_iter, pending, interval_iters, out_of_time = 'train', iter_num, [], 0, False
