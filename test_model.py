@@ -2242,22 +2242,22 @@ def test_every_exercise_states_its_cost_asks_and_answers_and_the_lab_is_laid_out
     assert protocol(numbered[6][1]) == protocol(readme_section('Results at laptop scale'))
 
 
-def test_each_script_is_a_file_a_reader_can_hold():
-    budgets = {'train.py': 26_000, 'model.py': 28_500, 'bench.py': 32_700, 'prepare_data.py': 25_000}
-    for name, chars in budgets.items():
-        text = open(os.path.join(HERE, name), encoding='utf-8').read()
-        assert len(text) <= chars and max(map(len, text.splitlines())) <= 120, name  # characters, not lines
+def test_train_py_imports_only_model_and_prepare_data_from_the_repository():
     imports = re.findall(r'^(?:from|import) (\w+)', open(os.path.join(HERE, 'train.py')).read(), re.M)
     assert {'model', 'prepare_data'} <= set(imports) and not {'bench', 'test_model'} & set(imports)
 
 
-def test_readme_is_a_page_a_newcomer_reads_and_its_pictures_exist():
+def test_readme_has_no_placeholder_left_and_its_pictures_exist():
     text = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
-    assert len(text) <= 30_000  # characters, not lines: a line is not packed to save one
     assert '\u27e8' not in text and '{' + 'EX' not in text  # no placeholder left where a number belongs
     pictures = re.findall(r'!\[[^]]*\]\((\.assets/[^)]+)\)', text)
     assert len(pictures) >= 3 and all(os.path.exists(os.path.join(HERE, p)) for p in pictures), pictures
-    assert '..' + '/shared' not in text  # a clone has no such folder
+
+
+def test_nothing_a_user_reads_points_outside_the_repository():  # a clone has no folder beside it
+    for name in ('README.md', 'model.py', 'train.py', 'prepare_data.py', 'bench.py', 'test_model.py'):
+        text = open(os.path.join(HERE, name), encoding='utf-8').read()
+        assert '..' + '/shared' not in text and '/work' + '/shared' not in text, name
 
 
 @pytest.mark.parametrize('i', range(len(EXERCISES)))
