@@ -1,9 +1,10 @@
 """
 The spec, in pytest. First the mathematics each attention variant promises (model.py): dt = 0 is standard
 attention, leapfrog is reversible and keeps volume, the closed-form force is the gradient of V, no position sees
-the future, the KV cache equals the full forward pass, the parameter budgets. Then the scripts, run the way a
-user runs them: prepare_data.py, train.py (resume, evaluation, bad input, DDP, compile), bench.py, and the
-README's classroom exercises.
+the future, the KV cache equals the full forward pass, the parameter budgets. These run in this process.
+Then the scripts, run the way a user runs them, each a process of its own started by the small harness that opens
+that part: prepare_data.py, train.py (resume, evaluation, bad input, Ctrl-C, a full disk, DDP, compile), bench.py,
+and the README's classroom exercises.
 Run: python -m pytest -q
 """
 import contextlib
@@ -792,13 +793,12 @@ def run(r, *ends):  # `python *r['argv']` in this process (forked, or fresh), af
 FORK = sys.platform == 'linux'  # macOS: forking after torch's import is unsafe
 FORKS = threading.Lock()  # multiprocessing reads a run's exit code once: one thread at a time starts or asks
 os.environ['OMP_NUM_THREADS'] = '1'  # one thread in each process the tests start (this one's torch has read it)
-FRESH_PATH = json.loads(  # a fresh interpreter's import path
-    subprocess.check_output([sys.executable, '-c', 'import json, sys; print(json.dumps(sys.path))']))
 if FORK:
     SERVER = multiprocessing.get_context('forkserver')
     SERVER.set_forkserver_preload(['numpy', 'torch', 'torch.distributed', 'torch.nn.parallel', 'torch._dynamo',
                                    'model', 'prepare_data'])  # what train.py imports, and what AdamW does
-
+    FRESH_PATH = json.loads(subprocess.check_output(  # a fresh interpreter's import path, after its first entry
+        [sys.executable, '-c', 'import json, sys; print(json.dumps(sys.path[1:]))']))
 
 class Forked:
     """A run forked by the fork server, used as a subprocess.Popen is (it is the server's child, not ours)."""
@@ -806,7 +806,8 @@ class Forked:
     def __init__(self, request):
         (out, out_w), (err, err_w) = os.pipe(), os.pipe()
         ends = [multiprocessing.connection.Connection(w, readable=False) for w in (out_w, err_w)]
-        self.process = SERVER.Process(target=exec, args=(RUN + 'run(r, *ends)', dict(r=request, ends=ends)))
+        code, names = RUN + 'run(r, *ends)', dict(r=dict(request, path=FRESH_PATH), ends=ends)
+        self.process = SERVER.Process(target=exec, args=(code, names))  # exec(code, names), in the fork
         with FORKS:
             self.process.start()  # (the write ends go to the fork as file descriptors)
         for end in ends:
@@ -826,7 +827,8 @@ class Forked:
 
     def send_signal(self, sig):
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            with contextlib.suppress(ProcessLookupError):  # (it may end meanwhile)
+                os.kill(self.pid, sig)
 
     def kill(self):
         self.send_signal(signal.SIGKILL)
@@ -865,7 +867,7 @@ def start(*argv, cwd=HERE, env=None, patch='', sigint_ignored=False, fsize=0):
     """`python *argv` (a script and its arguments, or -c code, or -m module), started; a Popen. patch: python code
     run first (e.g. to make the checkpoint write slow); sigint_ignored: as a shell's background job inherits it."""
     request = dict(argv=[os.fsdecode(a) for a in argv], cwd=str(cwd), env=env or {}, patch=patch,
-                   sigint_ignored=sigint_ignored, fsize=fsize, path=FRESH_PATH[1:])
+                   sigint_ignored=sigint_ignored, fsize=fsize)
     if FORK and not any(k.startswith('PYTHON') for k in request['env']):
         return Forked(request)
     return subprocess.Popen([sys.executable, '-c', RUN + 'run(json.loads(sys.argv[1]))', json.dumps(request)],
