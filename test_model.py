@@ -796,7 +796,8 @@ os.environ['OMP_NUM_THREADS'] = '1'  # one thread in each process the tests star
 if FORK:
     SERVER = multiprocessing.get_context('forkserver')
     SERVER.set_forkserver_preload(['numpy', 'torch', 'torch.distributed', 'torch.nn.parallel', 'torch._dynamo',
-                                   'model', 'prepare_data'])  # what train.py imports, and what AdamW does
+                                   'model', 'prepare_data',  # what train.py imports, and what AdamW does
+                                   'pytest'])  # (under `pytest`, each fork first re-runs that script: its import)
     FRESH_PATH = json.loads(subprocess.check_output(  # a fresh interpreter's import path, after its first entry
         [sys.executable, '-c', 'import json, sys; print(json.dumps(sys.path[1:]))']))
 
