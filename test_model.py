@@ -726,9 +726,6 @@ def test_train_py_takes_every_model_default_it_does_not_set_from_gptconfig():
     assert not GPTConfig().qk_decay
 
 
-def test_importing_bench_runs_nothing():  # no timing, no report, no output: bench.py works when run
-    r = run('-c', 'import bench')
-    assert r.returncode == 0 and r.stdout == r.stderr == ''
 # ===============================================================================================================
 # the scripts, run the way a user runs them
 
@@ -928,6 +925,12 @@ def test_a_run_is_what_python_gives_a_user_and_stops_as_it_does(tmp_path):
     assert p.communicate(timeout=30) == ('', '') and p.returncode == -signal.SIGKILL
     with pytest.raises(subprocess.TimeoutExpired):
         run(*sleeper, timeout=1)  # then stopped: SIGTERM, and SIGKILL if that is not enough
+
+
+def test_importing_bench_runs_nothing():  # no timing, no report, no output: bench.py works when run
+    r = run('-c', 'import bench')
+    assert r.returncode == 0 and r.stdout == r.stderr == ''
+
 
 def read_bin(path):
     return np.fromfile(path, dtype=np.uint16)
