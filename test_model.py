@@ -895,7 +895,7 @@ import atexit, multiprocessing, os, signal, sys, threading, time, model
 threading.Thread(target=lambda: (time.sleep(0.2), print('a thread, joined'))).start()
 atexit.register(print, 'atexit ran')
 print(sys.argv, os.getcwd(), os.environ['X'], sys.path, multiprocessing.get_start_method(), model.__file__,
-      repr(sys.stdin.read()), signal.getsignal(signal.SIGINT))
+      repr(sys.stdin.read()), signal.getsignal(signal.SIGINT), sys.flags)
 print('to stderr', file=sys.stderr)
 sys.exit(3)
 """
@@ -904,12 +904,12 @@ sys.exit(3)
 def test_a_run_is_what_python_gives_a_user_and_stops_as_it_does(tmp_path):
     (tmp_path / 'probe.py').write_text(PROBE)
     (tmp_path / 'model.py').write_text('')  # not the model.py the fork server imported: the run imports this one
-    for form in (['probe.py'], ['-c', PROBE], ['-m', 'probe']):
-        fresh = subprocess.run([sys.executable, *form, 'a b'], cwd=tmp_path, env=dict(os.environ, X='y'),
+    forms = [(form, {'X': 'y'}) for form in (['probe.py'], ['-c', PROBE], ['-m', 'probe'])]
+    for form, env in forms + [(['-c', PROBE], {'X': 'y', 'PYTHONHASHSEED': '0'})]:  # forked; the last, fresh
+        fresh = subprocess.run([sys.executable, *form, 'a b'], cwd=tmp_path, env=dict(os.environ, **env),
                                stdin=subprocess.DEVNULL, capture_output=True, text=True)
-        for env in ({'X': 'y'}, {'X': 'y', 'PYTHONHASHSEED': '0'}):  # forked; a fresh interpreter
-            r = run(*form, 'a b', cwd=tmp_path, env=env)
-            assert (r.returncode, r.stdout, r.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr), form
+        r = run(*form, 'a b', cwd=tmp_path, env=env)
+        assert (r.returncode, r.stdout, r.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr), (form, env)
         assert fresh.returncode == 3 and fresh.stdout.endswith('a thread, joined\natexit ran\n')
     sleeper = ('-c', "import time; print('up', flush=True); time.sleep(60)")
     p = start(*sleeper)
@@ -924,7 +924,7 @@ def test_a_run_is_what_python_gives_a_user_and_stops_as_it_does(tmp_path):
     p.kill()
     assert p.communicate(timeout=30) == ('', '') and p.returncode == -signal.SIGKILL
     with pytest.raises(subprocess.TimeoutExpired):
-        run(*sleeper, timeout=1)  # then stopped: SIGTERM, and SIGKILL if that is not enough
+        run(*sleeper, timeout=0.5)  # then stopped: SIGTERM, and SIGKILL if that is not enough
 
 
 def test_importing_bench_runs_nothing():  # no timing, no report, no output: bench.py works when run
