@@ -1464,22 +1464,74 @@ def test_test_split_is_evaluated_at_the_end(corpus, tmp_path):
 DDP_PROBE = """
 import json, os, runpy, sys, torch.distributed
 destroy = torch.distributed.destroy_process_group
-def probe():  # at its end, each rank writes down its weights and the batch it drew last
+def probe():  # at its end, each rank writes down its weights, the batch it drew last, and what PATCH noted
     run = sys._getframe(1).f_globals  # train.py's
-    json.dump(dict(weights=[p.double().sum().item() for p in run['raw_model'].parameters()], batch=run['X'].tolist()),
-              open(os.path.join(run['out_dir'], f"rank{run['rank']}.json"), 'w'))
+    json.dump(dict(weights=[p.double().sum().item() for p in run['raw_model'].parameters()], batch=run['X'].tolist(),
+                   notes=globals().get('notes')), open(os.path.join(run['out_dir'], f"rank{run['rank']}.json"), 'w'))
     destroy()
 torch.distributed.destroy_process_group = probe
 sys.argv[0] = 'train.py'
 runpy.run_path('train.py', run_name='__main__')
 """
 
+# rank 1: its compile fails (a backend that raises) and its validation estimates never improve (estimate_loss's
+# batches only), while rank 0's do: with --always_save_checkpoint=False a rank-local decision would hang the save
+RANK1_DIFFERS = """
+import functools, os, sys, torch, model
+def failing(gm, inputs):
+    raise RuntimeError('a backend that fails on rank 1 (a test)')
+rank1 = os.environ['RANK'] == '1'
+torch.compile = functools.partial(torch.compile, backend=failing if rank1 else 'eager')
+forward, worse = model.GPT.forward, [0.0]
+def val_differs(self, idx, targets=None, cache=None):
+    logits, loss = forward(self, idx, targets, cache)
+    if rank1 and sys._getframe(1).f_code.co_name == 'estimate_loss':
+        worse[0] += 1.0
+        loss = loss + worse[0]
+    return logits, loss
+model.GPT.forward = val_differs
+"""
 
-def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(corpus, tmp_path):
-    r = run('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', '--no-python', sys.executable, '-c',
-            DDP_PROBE, '--device=cpu', f'--data_dir={corpus}', f'--out_dir={tmp_path}', *SMALL, '--max_iters=6',
-            '--eval_interval=3', '--attn=coupled')
+# Dynamo and AOT autograd without inductor's C++ compile; DDP's buckets small enough (1 MB) to split this model
+COMPILE_IN_DDP = """
+import functools, torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch._dynamo.backends.distributed import DDPOptimizer
+torch.compile = functools.partial(torch.compile, backend='aot_eager')
+init, split, notes = DDP.__init__, DDPOptimizer.compile_fn, []
+DDP.__init__ = lambda self, *a, **k: init(self, *a, **k, bucket_cap_mb=1)
+def counting(self, gm, inputs):  # Dynamo's DDP optimizer: the compiled graph's buckets, one subgraph each
+    out = split(self, gm, inputs)
+    notes.append(len(self.buckets))
+    return out
+DDPOptimizer.compile_fn = counting
+"""
+
+
+def torchrun(out_dir, patch, *args):
+    return ('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', '--no-python', sys.executable, '-c',
+            patch + DDP_PROBE, '--device=cpu', f'--out_dir={out_dir}', *SMALL, *args)
+
+
+@pytest.fixture(scope='module')
+def ddp_runs(corpus, tmp_path_factory):
+    """Two gloo ranks, 6 iterations of coupled: a run whose rank 1 fails to compile and disagrees about the val loss
+    (--always_save_checkpoint=False), and the same run compiled inside DDP (aot_eager)."""
+    d = tmp_path_factory.mktemp('ddp')
+    flags = [f'--data_dir={corpus}', '--max_iters=6', '--eval_interval=3', '--attn=coupled', '--compile=True']
+    return d, scripts(torchrun(d / 'eager', RANK1_DIFFERS, *flags, '--always_save_checkpoint=False'),
+                      torchrun(d / 'compiled', COMPILE_IN_DDP, *flags))
+
+
+def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(ddp_runs):
+    # rank 0 decides whether to save (rank 1's estimates never improve, rank 0's do); a compile failure on rank 1
+    # alone makes both ranks run eager
+    d, (r, compiled) = ddp_runs
+    tmp_path = d / 'eager'
     assert r.returncode == 0, r.stderr[-2000:]
+    assert 'torch.compile failed on rank 1' in r.stdout and 'on rank 0' not in r.stdout and 'eager, 2' in r.stdout
+    assert [m['compiled'] for m in metrics(tmp_path) if m['event'] == 'start'] == [False]
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['iter_num'] == 6  # rank 0's val loss improved
     ranks = [json.load(open(tmp_path / f'rank{i}.json')) for i in range(2)]
     assert ranks[0]['weights'] == ranks[1]['weights'] and ranks[0]['batch'] != ranks[1]['batch']
     ranked = run('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu',
@@ -1487,12 +1539,27 @@ def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(corpus, tmp_p
     assert ranked.returncode == 0, ranked.stderr[-2000:]
     assert '2 process(es)' in r.stdout
     single, resumed = scripts(('train.py', f'--out_dir={tmp_path}', '--eval_only=True'),
-                              ('train.py', f'--out_dir={tmp_path}', '--init_from=resume', '--max_iters=8'))
+                              ('train.py', f'--out_dir={tmp_path}', '--init_from=resume', '--max_iters=8',
+                               '--compile=False'))
     full = lambda out: float(re.search(r'full val split: loss ([\d.]+)', out).group(1))
     assert full(r.stdout) == full(ranked.stdout) == pytest.approx(full(single.stdout), abs=2e-4)  # shared windows
     # resumed as one process: the tokens count what was trained, 6 x 2 ranks, then 2 x 1
     assert resumed.returncode == 0, resumed.stderr
     assert [m for m in metrics(tmp_path) if m['event'] == 'final'][-1]['tokens'] == (6 * 2 + 2) * 4 * 32
+
+
+def test_ddp_compiles_inside_ddp_split_at_its_buckets_and_trains_as_eager(ddp_runs):
+    # the first compiled call runs inside DDP's forward, so Dynamo's DDP optimizer splits the graph at DDP's gradient
+    # buckets (their all-reduce overlaps the backward); compiled before DDP, it would see no DDP and not split
+    d, (eager, r) = ddp_runs
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert 'torch.compile failed' not in r.stdout and 'compiled, 2 process(es)' in r.stdout
+    assert [m['compiled'] for m in metrics(d / 'compiled') if m['event'] == 'start'] == [True]
+    ranks = [json.load(open(d / 'compiled' / f'rank{i}.json')) for i in range(2)]
+    assert ranks[0]['notes'] == ranks[1]['notes'] == [2]  # one graph (no recompile), two buckets
+    assert ranks[0]['weights'] == ranks[1]['weights']
+    want = json.load(open(d / 'eager' / 'rank0.json'))['weights']
+    assert ranks[0]['weights'] == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
 def test_compile_works_on_cpu(corpus, tmp_path):
