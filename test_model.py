@@ -2077,20 +2077,43 @@ def test_report_bad_inputs_are_one_line_each(tmp_path, capsys, monkeypatch, case
         assert report_rows(out)['coupled'][3] == 'inf'
 
 
-def test_gpu_check_runs_at_a_reduced_shape_on_cpu(corpus, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(torch, 'compile', lambda model, **kw: model)  # compiling: test_compile_works_on_cpu
-    monkeypatch.setattr(subprocess, 'run', lambda cmd: run(*cmd[1:]))  # its `python train.py ...` runs, forked
+def failing_backend(gm, inputs):
+    raise RuntimeError('no compiler here (a test)')
+
+
+@pytest.mark.parametrize('backend', ['eager', failing_backend])
+def test_gpu_check_runs_at_a_reduced_shape_on_cpu(tmp_path, capsys, monkeypatch, backend):
+    # as on a GPU (CUDA's presence patched), at a tiny shape on the CPU; Dynamo with its cheapest backend, or with
+    # one that fails: the check goes on eager and every record says whether compile ran
+    available = torch.cuda.is_available  # True for bench.py's own question only (Dynamo asks it too)
+    asked_by_bench = lambda: sys._getframe(2).f_code is bench.main.__code__
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: asked_by_bench() or available())
+    real = torch.compile
+    monkeypatch.setattr(torch, 'compile', lambda model: real(model, backend=backend))
+    out = tmp_path / 'check.jsonl'
     r = subprocess.CompletedProcess('bench.py', *bench_report(
-        capsys, monkeypatch, '--gpu_check', '--device=cpu', '--dtype=float32', '--preset=tiny', '--batch_size=2', '--block_size=32',
-        '--vocab_size=257', '--iters=1', '--warmup=0', '--train_iters=4', '--train_compile=False', '--eval_iters=2',
-        f'--data_dir={corpus}', f'--out={tmp_path}'))
+        capsys, monkeypatch, '--gpu_check', '--device=cpu', '--dtype=bfloat16', '--preset=tiny', '--batch_size=2',
+        '--block_size=16', '--vocab_size=64', '--iters=1', '--warmup=0', f'--json_out={out}'))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert re.search(r'eager \d\.\d{3}, compiled \d\.\d{3}', r.stdout)
-    for row in ('ms/iter', 'tokens/s', 'MFU', 'val loss (full split)'):
-        assert re.search(rf'^\| {re.escape(row)} \| ', r.stdout, re.M), row
-    runs = [d for d in os.listdir(tmp_path)]
-    assert len(runs) == 1 and all(metrics(tmp_path / runs[0] / a)[-1]['event'] == 'final'
-                                  for a in ('standard', 'coupled'))
+    works = backend == 'eager'
+    failed = [f'torch.compile failed for {v}' in r.stdout for v in ('standard', 'coupled')]
+    assert failed == [not works] * 2
+    assert re.search(r'q/k map \(coupled\) in bf16 against float32: output \d+\.\d+%, its move \d+\.\d+%', r.stdout)
+    assert re.search(r'coupled / standard, eager: \d\.\d{3}', r.stdout)
+    assert re.search(r'coupled / standard, compiled: \d\.\d{3}', r.stdout) or not works
+    assert ('compile did not run' in r.stdout) != works and 'diff, eager: v at 2hs' in r.stdout
+    records = [json.loads(line) for line in open(out)]
+    assert sorted(rec['attn'] for rec in records) == ['coupled', 'coupled', 'diff (split_v=False)',
+                                                      'diff (split_v=True)', 'standard', 'standard']
+    assert sorted(rec['compiled'] for rec in records) == [False] * (6 - 2 * works) + [True] * (2 * works)
+    assert all(rec['mfu'] is None for rec in records)  # no peak known for a CPU
+    assert M.CausalSelfAttention.split_v is None  # restored
+
+
+def test_gpu_check_without_cuda_is_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, '--gpu_check'))
+    assert one_line_error(r, '--gpu_check needs a CUDA GPU') and r.stdout == ''
 
 
 # ---------------------------------------------------------------------------------------------------------------
