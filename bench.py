@@ -323,9 +323,10 @@ def plan(world_size):
     step = world_size * math.prod(int(base[k]) for k in ('batch_size', 'gradient_accumulation_steps', 'block_size'))
     print(f"R=\"{command}\"\n")
     accum = int(base['gradient_accumulation_steps'])
-    print(f"{step:,} tokens per step: {world_size} GPU{'s' * (world_size > 1)} x {base['batch_size']} sequences x "
-          f"{accum} micro-step{'s' * (accum > 1)} x {base['block_size']} tokens\n")
-    print("| run | command | tokens | GFLOP/token | " + ' | '.join(f"{gpus}{g} at {UTILISATION:.0%}" for g in PLAN_GPUS)
+    if world_size > 1:  # batch flags are per rank
+            print(f"{step:,} tokens per step: {world_size} GPUs x {base['batch_size']} sequences x {accum} "
+              f"micro-step{'s' * (accum > 1)} x {base['block_size']} tokens\n")
+    print("| run | command | tokens | GFLOP/token | " + ' | '.join(f"{gpus}{g}" for g in PLAN_GPUS)
           + " |\n|---|---|---|---|" + '---|' * len(PLAN_GPUS))
     for name, extra in RECIPE_RUNS:
         f = base | flags(extra)

@@ -2133,6 +2133,22 @@ def test_readme_gpu_recipe_is_what_bench_plan_prints(capsys, monkeypatch):
     names = [name for name, flags in gpu_recipe()[1]]
     assert names == ['standard', 'coupled', 'euler', 'uncoupled', 'coupled-steps7', 'invertible', 'diff',
                      'diff+coupled', 'standard-2.4x']
+    # 8 GPUs: the README's launcher and per-rank flags are bench.py --plan --world_size=8's, and both recipes keep
+    # 65,536 tokens per step and 1.31B per run (batch flags are per rank)
+    eight = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, '--plan', '--world_size=8'))
+    assert eight.returncode == 0 and '65,536 tokens per step' in eight.stdout
+    flags = lambda command: dict(a[2:].split('=', 1) for a in shlex.split(command) if a[:2] == '--' and '=' in a)
+    one, eight = gpu_recipe()[0], re.search(r'^R="(.*)"$', eight.stdout, re.M).group(1)
+    step3 = ' '.join(ladder[ladder.index('**3. Eight GPUs'):].split())
+    launch, _, rest = eight.partition(' --preset')
+    per_rank = {k: v for k, v in flags('--preset' + rest).items() if flags(one).get(k) != v}
+    assert f'`{launch}`' in step3 and f"`{' '.join(f'--{k}={v}' for k, v in per_rank.items())}`" in step3
+    assert flags(one) | per_rank == flags('--preset' + rest)  # the rest as on one GPU
+    for command in (one, eight):
+        f = flags(command)
+        step = int(f.get('nproc_per_node', 1)) * int(f['batch_size']) * int(f['gradient_accumulation_steps']) * int(
+            f['block_size'])
+        assert step == 65_536 and step * int(f['max_iters']) == 1_310_720_000, command
 
 
 @pytest.fixture(scope='module')
