@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -1566,7 +1567,8 @@ def test_compile_works_on_cpu(corpus, tmp_path):
     r = train(corpus, tmp_path, '--compile=True', '--max_iters=3', '--eval_interval=3', '--n_layer=1',
               '--attn=coupled', '--dtype=bfloat16', timeout=600)  # as the GPU recipe: bf16 autocast, compiled
     assert r.returncode == 0, r.stderr[-2000:]
-    assert 'compiling' in r.stdout and 'torch.compile failed' not in r.stdout
+    assert 'compiling' in r.stdout and 'torch.compile failed' not in r.stdout and 'bfloat16, compiled' in r.stdout
+    assert metrics(tmp_path)[0]['compiled'] is True
     ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
     assert not any(k.startswith('_orig_mod.') for k in ckpt['model'])
 
@@ -1672,6 +1674,109 @@ def test_mfu_is_in_the_log_line_where_the_peak_is_known(nan_runs):
     record = [m for m in metrics(d / 'finished') if m['event'] == 'train'][-1]
     want = flops_per_token(GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=32, vocab_size=257), 32) * 4 * 32
     assert record['mfu'] == pytest.approx(want / (record['ms'] / 1000) / 1e12, rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a GPU's facts, checked on a CPU: peaks by the driver's names, dtype=auto, diff's SDPA calls, compiled graphs, bf16
+
+# (the name torch.cuda.get_device_name and nvidia-smi report, dense bf16 TFLOP/s); the sources: model.GPU_PEAK_FLOPS
+DRIVER_NAMES = [('NVIDIA L4', 121), ('NVIDIA L40', 181), ('NVIDIA L40S', 362), ('NVIDIA A10', 125),
+                ('NVIDIA A100-SXM4-40GB', 312), ('NVIDIA A100-SXM4-80GB', 312), ('NVIDIA A100-PCIE-40GB', 312),
+                ('NVIDIA A100 80GB PCIe', 312), ('NVIDIA H100 PCIe', 756), ('NVIDIA H100 80GB HBM3', 989),
+                ('NVIDIA H100 NVL', 835), ('NVIDIA H200', 989), ('NVIDIA H200 NVL', 835), ('NVIDIA H800', 989),
+                ('NVIDIA B200', 2250), ('NVIDIA GeForce RTX 4090', 165), ('NVIDIA GeForce RTX 3090', 71),
+                ('Tesla T4', None), ('NVIDIA A10G', None), ('NVIDIA L4 ', None)]  # not listed: no guess
+
+
+def test_gpu_peaks_by_the_exact_name_the_driver_reports(monkeypatch):
+    for name, tflops in DRIVER_NAMES:
+        monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: name)
+        assert M.peak_flops('cuda:0') == (tflops and tflops * 1e12), name
+    assert M.peak_flops('cpu') is None
+    monkeypatch.setenv('GPU_PEAK_TFLOPS', '400')  # a GPU not in the table: its peak, given
+    assert M.peak_flops('cuda:0') == 400e12
+    for bad in ('fast', '0', '-1', 'inf', 'nan'):
+        monkeypatch.setenv('GPU_PEAK_TFLOPS', bad)
+        with pytest.raises(ValueError, match='GPU_PEAK_TFLOPS'):
+            M.peak_flops('cuda:0')
+
+
+@pytest.mark.parametrize('native, emulated, want', [(True, True, 'bfloat16'), (False, True, 'float16'),
+                                                    (False, False, 'float16')])
+def test_dtype_auto_is_bf16_only_where_the_gpu_computes_it_natively(monkeypatch, native, emulated, want):
+    # A100/H100: native bf16; T4/V100: emulated only, so fp16 (train.py's GradScaler is on for fp16)
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported',
+                        lambda including_emulation=True: native or (emulated and including_emulation))
+    assert M.autocast_dtype('cuda:0') == want and M.autocast_dtype('cpu') == 'float32'
+
+
+@pytest.mark.parametrize('attn', ['diff', 'diff+coupled'])
+def test_diff_attention_with_v_split_to_the_head_size_is_the_same_attention(attn, monkeypatch):
+    # split_v: every SDPA call sees q, k, v of one head size (flash attention's condition); outputs, gradients and
+    # the KV cache's logits as with one call per sub-head at v's full width. Neither copies v per sub-head
+    model, idx = build(attn, pos='rope'), idx_batch(T=12)
+    randomize_qk(model)
+    sdpa, shapes = F.scaled_dot_product_attention, []
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', lambda q, k, v, **kw: (
+        shapes.append((q.shape, v.shape)), sdpa(q, k, v, **kw))[1])
+    got = {}
+    for split in (False, True):
+        monkeypatch.setattr(M.CausalSelfAttention, 'split_v', split)
+        shapes.clear()
+        model.zero_grad()
+        logits, loss = model(idx, targets=idx)
+        loss.backward()
+        cache = KVCache(model.config.n_layer)
+        cached = torch.cat([model(idx[:, :5], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0]
+                                                                 for t in range(5, 12)], dim=1)
+        got[split] = logits, [p.grad for p in model.parameters()], cached
+        hs, nh = model.config.n_embd // model.config.n_head, model.config.n_head
+        assert all(q[1] == v[1] == nh // 2 and v[-1] == (hs if split else 2 * hs) for q, v in shapes)
+    (a, ga, ca), (b, gb, cb) = got[False], got[True]
+    assert torch.allclose(a, b, atol=1e-6, rtol=0) and torch.allclose(ca, cb, atol=1e-6, rtol=0)
+    assert all(torch.allclose(x, y, atol=1e-6, rtol=1e-5) for x, y in zip(ga, gb))
+    assert torch.allclose(ca, a.detach(), atol=1e-5)
+
+
+def test_diff_under_bf16_autocast_warns_nothing():
+    # diff's per-head RMSNorm runs in float32 (as autocast runs LayerNorm): no dtype mismatch with its gain, so no
+    # warning and the fused kernel
+    model, idx = build('diff+coupled'), idx_batch()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            loss = model(idx, targets=idx)[1]
+        loss.backward()
+    assert not [str(w.message) for w in caught] and torch.isfinite(loss)
+
+
+def test_a_compiled_training_step_has_no_graph_break_and_no_recompile():
+    # every --attn, as train.py compiles it (the whole model, bf16 autocast on a GPU), three steps: one graph, made
+    # at the first. Dynamo's eager backend: the graph is traced as on a GPU, without inductor's compile
+    from torch._dynamo.utils import counters
+    idx = idx_batch()
+    try:
+        for attn in attn_names():
+            torch._dynamo.reset()
+            counters.clear()
+            model = build(attn, n_layer=1, pos='rope' if 'coupled' in attn else 'learned')
+            step, graphs = torch.compile(model, backend='eager'), []
+            for _ in range(3):
+                with torch.autocast('cpu', dtype=torch.bfloat16):
+                    loss = step(idx, targets=idx)[1]
+                loss.backward()
+                graphs.append(counters['stats']['unique_graphs'])
+            assert not counters['graph_break'] and graphs == [1, 1, 1], (attn, dict(counters['graph_break']), graphs)
+    finally:
+        torch._dynamo.reset()
+
+
+def test_the_qk_map_in_bf16_stays_within_bf16s_rounding_of_float32():
+    # coupled at 60m's head shape, on bf16 q, k as autocast's c_attn makes them. bf16 keeps 8 significant bits
+    # (rounding: up to 0.4%): the output (q', k') within 1% of float32's; the map's move (q' - q, k' - k: ~10% of
+    # |q|, |k|), whose sum with a bf16 k is rounded again, within 5%. bench.py --gpu_check prints both on CUDA
+    out, move = bench.qk_bf16_error('cpu')
+    assert 0 < out < 0.01 and 0 < move < 0.05, (out, move)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -2210,6 +2315,7 @@ def test_every_gpu_recipe_command_runs_at_a_reduced_shape_and_tabulates(wikitext
     for (name, flags), r in zip(rows, results):
         assert r.returncode == 0, (name, r.stderr[-2000:])
         assert 'bfloat16' in r.stdout and 'full val split' in r.stdout and 'full test split' in r.stdout, name
+        assert 'Warning' not in r.stderr, (name, r.stderr[-2000:])  # e.g. diff's norm fed bf16 against a float32 gain
         final = metrics(tmp_path / 'runs' / '60m' / name)[-1]
         assert final['event'] == 'final' and all(math.isfinite(final[k]) for k in ('val_ppl', 'test_ppl', 'val_bpb'))
     r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, f'--report={tmp_path / "runs" / "60m"}'))
