@@ -1464,11 +1464,13 @@ def test_test_split_is_evaluated_at_the_end(corpus, tmp_path):
 
 DDP_PROBE = """
 import json, os, runpy, sys, torch.distributed
+from torch._dynamo.utils import counters
 destroy = torch.distributed.destroy_process_group
-def probe():  # at its end, each rank writes down its weights, the batch it drew last, and what PATCH noted
+def probe():  # at its end, each rank writes down its weights, the batch it drew last, the graphs Dynamo made, notes
     run = sys._getframe(1).f_globals  # train.py's
     json.dump(dict(weights=[p.double().sum().item() for p in run['raw_model'].parameters()], batch=run['X'].tolist(),
-                   notes=globals().get('notes')), open(os.path.join(run['out_dir'], f"rank{run['rank']}.json"), 'w'))
+                   graphs=counters['stats']['unique_graphs'], notes=globals().get('notes')),
+              open(os.path.join(run['out_dir'], f"rank{run['rank']}.json"), 'w'))
     destroy()
 torch.distributed.destroy_process_group = probe
 sys.argv[0] = 'train.py'
@@ -1551,13 +1553,14 @@ def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(ddp_runs):
 
 def test_ddp_compiles_inside_ddp_split_at_its_buckets_and_trains_as_eager(ddp_runs):
     # the first compiled call runs inside DDP's forward, so Dynamo's DDP optimizer splits the graph at DDP's gradient
-    # buckets (their all-reduce overlaps the backward); compiled before DDP, it would see no DDP and not split
+    # buckets (their all-reduce overlaps the backward), and the one graph is all: a trial step compiled before DDP
+    # wrapped the model made a graph without DDP, which torch 2.13 then compiled a second time inside it
     d, (eager, r) = ddp_runs
     assert r.returncode == 0, r.stderr[-2000:]
     assert 'torch.compile failed' not in r.stdout and 'compiled, 2 process(es)' in r.stdout
     assert [m['compiled'] for m in metrics(d / 'compiled') if m['event'] == 'start'] == [True]
     ranks = [json.load(open(d / 'compiled' / f'rank{i}.json')) for i in range(2)]
-    assert ranks[0]['notes'] == ranks[1]['notes'] == [2]  # one graph (no recompile), two buckets
+    assert [(r['graphs'], r['notes']) for r in ranks] == [(1, [2])] * 2  # one graph, split into two buckets
     assert ranks[0]['weights'] == ranks[1]['weights']
     want = json.load(open(d / 'eager' / 'rank0.json'))['weights']
     assert ranks[0]['weights'] == pytest.approx(want, rel=1e-5, abs=1e-6)
