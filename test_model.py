@@ -2358,7 +2358,7 @@ def test_bench_writes_one_record_per_variant_and_mode(tmp_path, capsys, monkeypa
     (['--iters=0'], '--iters'), (['--block_size=-4'], '--block_size'), (['--batch_size=0'], '--batch_size'),
     (['--new_tokens=0'], '--new_tokens'), (['--warmup=-1'], '--warmup'),
     (['--json_out=/nonexistent/dir/b.jsonl'], 'json_out'), (['--device=tpu'], 'unknown'),
-    (['--plot=c.png'], '--report'),
+    (['--plot=c.png'], '--report'), (['--plan', '--world_size=3'], '--world_size=3'),
 ])
 def test_bench_bad_flags_give_one_clear_line(args, words, capsys, monkeypatch):
     r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, *args))
