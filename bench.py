@@ -411,6 +411,7 @@ def timing(args, variants, modes, device):
                 except Exception as e:  # a compile failure: this variant runs eager
                     if models[v][1] is models[v][0]:
                         raise
+                    e = getattr(e, 'inner_exception', e)  # the error inside Dynamo's BackendCompilerFailed
                     print(f"warning: torch.compile failed for {v} ({why(e)}); eager")
                     models[v] = (models[v][0], models[v][0], models[v][2])
             compiled[v] |= counters['stats']['unique_graphs'] > graphs and models[v][1] is not models[v][0]
@@ -493,10 +494,7 @@ def gpu_check(args, device):
     t_start, name = time.time(), torch.cuda.get_device_name(device) if device.startswith('cuda') else device
     cfg = GPTConfig(vocab_size=args.vocab_size, **PRESETS[args.preset])
     flop = flops_per_token(cfg, args.block_size) * args.batch_size * args.block_size  # one training step
-    try:
-        peak = peak_flops(device)
-    except ValueError as e:
-        sys.exit(f"error: {e}")
+    peak = peak_flops(device)
     steps = 4 * (max(args.warmup, 1) + args.iters)  # (standard, coupled, diff one call, diff split) x eager, compiled
     print(f"gpu check: {name}, preset {args.preset}, {args.batch_size} x {args.block_size} tokens, vocabulary "
           f"{args.vocab_size}, {args.dtype}; {flop / 1e12:.1f} TFLOP a step. Estimate: {2 * steps} steps"
@@ -600,6 +598,10 @@ def main():
         p.error(f"--device={device} but CUDA is not available here; use --device=cpu")
     if device == 'mps' and not torch.backends.mps.is_available():
         p.error("--device=mps but Apple's MPS is not available here (macOS on Apple silicon only); use --device=cpu")
+    try:
+        peak_flops(device)  # for MFU: $GPU_PEAK_TFLOPS, checked before any work
+    except ValueError as e:
+        p.error(str(e))
     torch.backends.cuda.matmul.fp32_precision = 'tf32'  # float32 matmuls on TF32 tensor cores (Ampere on)
     if not device.startswith('cuda'):
         keep_freed_memory()

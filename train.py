@@ -299,6 +299,7 @@ if compiled:
             failed = e
         raw_model.zero_grad(set_to_none=True)
     if failed is not None:
+        failed = getattr(failed, 'inner_exception', failed)  # the error inside Dynamo's BackendCompilerFailed
         print(f"warning: torch.compile failed{f' on rank {rank}' if ddp else ''} ({why(failed)}); running eager")
     ok = torch.tensor(float(failed is None), device=device)
     if ddp:  # one rank failed: all run eager
