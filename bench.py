@@ -6,8 +6,8 @@ without the KV cache) next to the FLOP model's ratio; tabulate and plot train.py
   python bench.py --preset=60m --batch_size=4 --block_size=256 --attn=standard,coupled,euler,uncoupled
   python bench.py --preset=60m --device=cuda --compile=True --dtype=bfloat16 --batch_size=16 --block_size=1024
   python bench.py --report=runs --plot=curves.png     # table (and curves) of the train.py runs under runs/
-  python bench.py --plan                              # the GPU recipe: commands, tokens, GPU time
-  python bench.py --gpu_check                         # on one GPU, ~10 minutes: speed, MFU and loss at 60m
+  python bench.py --plan --world_size=8               # the GPU recipe: commands, tokens, GPU time (for 8 GPUs)
+  python bench.py --gpu_check                         # on one GPU, ~3 minutes: the recipe's step, eager and compiled
 """
 import argparse
 import ctypes
@@ -16,7 +16,6 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -33,8 +32,10 @@ if __name__ == '__main__':  # not when imported: the importer's handler stays
     signal.signal(signal.SIGINT, on_ctrl_c)
 
 import torch  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
 
-from model import GPU_PEAK_FLOPS, PRESETS, GPT, GPTConfig, attn_names, flops_per_token, median_layer  # noqa: E402
+from model import (GPU_PEAK_FLOPS, PRESETS, GPT, CausalSelfAttention, GPTConfig, attn_names, flops_per_token,  # noqa
+                   median_layer, peak_flops)
 
 MODES = ('train', 'forward', 'generate')
 
@@ -310,34 +311,52 @@ def plot_curves(rows, path):
 
 
 # -----------------------------------------------------------------------------
-# --plan: the paper's 60M WikiText-103 ablation on one GPU, a command per run.
-# 20,000 iterations of 32 x 4 x 512 tokens = 1.31B tokens (our choice: the paper's budget is not public).
+# --plan: the paper's 60M WikiText-103 ablation, a command per run, for 1 GPU or more.
+# 20,000 steps of 65,536 tokens (128 sequences of 512) = 1.31B tokens (our choice: the paper's budget is not public).
+# Batch flags are per rank: more GPUs, fewer sequences or micro-steps each, the same 128 sequences per step.
 
-RECIPE = ("python train.py --preset=60m --dataset=wikitext103 --block_size=512 --batch_size=32 "
-          "--gradient_accumulation_steps=4 --learning_rate=6e-4 --min_lr=6e-5 --warmup_iters=1000 --max_iters=20000 "
-          "--eval_interval=1000 --dtype=bfloat16 --compile=True")
+RECIPE = ("{launch} --preset=60m --dataset=wikitext103 --block_size=512 --batch_size={batch} "
+          "--gradient_accumulation_steps={accum} --learning_rate=6e-4 --min_lr=6e-5 --warmup_iters=1000 "
+          "--max_iters=20000 --eval_interval=1000 --dtype=bfloat16 --compile=True")
+SEQUENCES_PER_STEP = 128
 RECIPE_RUNS = [('standard', '--attn=standard'), ('coupled', '--attn=coupled'), ('euler', '--attn=euler'),
                ('uncoupled', '--attn=uncoupled'), ('coupled-steps7', '--attn=coupled --qk_steps=7'),
                ('invertible', '--attn=invertible'), ('diff', '--attn=diff'), ('diff+coupled', '--attn=diff+coupled'),
                ('standard-2.4x', '--attn=standard --max_iters=48000')]  # the paper's compute match: 2.4x the tokens
-PLAN_GPUS = ('H100', 'A100')
+PLAN_GPUS = {'H100': 'NVIDIA H100 80GB HBM3', 'A100': 'NVIDIA A100-SXM4-80GB'}  # SXM
 UTILISATION = 0.35
 
 
-def plan():
+def recipe(world_size):
+    """The recipe's command for world_size GPUs (8 a node): 32 sequences a micro-step while they last, then fewer."""
+    per_rank = SEQUENCES_PER_STEP // world_size
+    batch = min(32, per_rank)
+    launch = ('python train.py' if world_size == 1 else f'torchrun --standalone --nproc_per_node={world_size} train.py'
+              if world_size <= 8 else f'torchrun --nnodes={world_size // 8} --nproc_per_node=8 --node_rank=$NODE_RANK '
+              '--rdzv_backend=c10d --rdzv_endpoint=$FIRST_NODE:29500 train.py')
+    return RECIPE.format(launch=launch, batch=batch, accum=per_rank // batch)
+
+
+def plan(world_size):
     """The GPU recipe as a markdown table: each run's command, tokens and training time from the FLOP model at
-    UTILISATION of the GPU's bf16 peak (evaluation adds ~1%)."""
-    flags = lambda text: dict(a.removeprefix('--').split('=', 1) for a in text.split() if a.startswith('--'))
-    base, peaks = flags(RECIPE), dict(GPU_PEAK_FLOPS)
-    print(f"R=\"{RECIPE}\"\n")
-    print("| run | command | tokens | GFLOP/token | " + ' | '.join(f"{g} at {UTILISATION:.0%}" for g in PLAN_GPUS)
+    UTILISATION of the GPUs' bf16 peak (evaluation adds ~1%)."""
+    flags = lambda text: dict(a.removeprefix('--').split('=', 1) for a in text.split() if a[:2] == '--' and '=' in a)
+    command = recipe(world_size)
+    base, gpus = flags(command), f"{world_size}x " if world_size > 1 else ''
+    step = world_size * math.prod(int(base[k]) for k in ('batch_size', 'gradient_accumulation_steps', 'block_size'))
+    print(f"R=\"{command}\"\n")
+    accum = int(base['gradient_accumulation_steps'])
+    if world_size > 1:  # batch flags are per rank
+            print(f"{step:,} tokens per step: {world_size} GPUs x {base['batch_size']} sequences x {accum} "
+              f"micro-step{'s' * (accum > 1)} x {base['block_size']} tokens\n")
+    print("| run | command | tokens | GFLOP/token | " + ' | '.join(f"{gpus}{g}" for g in PLAN_GPUS)
           + " |\n|---|---|---|---|" + '---|' * len(PLAN_GPUS))
     for name, extra in RECIPE_RUNS:
         f = base | flags(extra)
         cfg = GPTConfig(attn=f['attn'], qk_steps=int(f.get('qk_steps', 1)), **PRESETS[f['preset']])
-        tokens = math.prod(int(f[k]) for k in ('batch_size', 'gradient_accumulation_steps', 'block_size', 'max_iters'))
+        tokens = step * int(f['max_iters'])
         flop = flops_per_token(cfg, int(f['block_size']))
-        hours = [tokens * flop / (UTILISATION * peaks[g]) / 3600 for g in PLAN_GPUS]
+        hours = [tokens * flop / (UTILISATION * GPU_PEAK_FLOPS[g] * world_size) / 3600 for g in PLAN_GPUS.values()]
         print(f"| {name} | `$R {extra} --out_dir=runs/60m/{name}` | {tokens / 1e9:.2f}B | {flop / 1e9:.3f} | "
               + ' | '.join(f"{h * 60:.0f} min" if h < 2 else f"{h:.1f} h" for h in hours) + ' |')
 
@@ -356,6 +375,10 @@ def keep_freed_memory():
     mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: never shrink the heap
 
 
+def why(e):  # an exception, in a few words
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]}"
+
+
 def timing(args, variants, modes, device):
     """Time every (variant, mode), interleaved; returns {(variant, mode): record}."""
     cuda = device.startswith('cuda')
@@ -364,6 +387,7 @@ def timing(args, variants, modes, device):
     B, T = args.batch_size, args.block_size
     gen_block = max(T, args.new_tokens + 1)  # generation never refills the cache window
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    peak_flop = peak_flops(device)  # for MFU; None: unknown
 
     models = {}
     for v in variants:  # standard first
@@ -376,6 +400,7 @@ def timing(args, variants, modes, device):
         model = model.to(device)
         opt = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
         models[v] = (model, torch.compile(model) if args.compile == 'True' else model, opt)
+    compiled = {v: False for v in variants}  # whether compile really ran (Dynamo made a graph), per variant
 
     x = torch.randint(0, args.vocab_size, (B, T), device=device)
 
@@ -401,9 +426,18 @@ def timing(args, variants, modes, device):
         # generation is slow to time: 1/3 of the rounds; recomputation (O(n^2) work) once, warmed up by the cached run
         iters = {'generate': max(1, args.iters // 3), 'generate-nocache': 1}.get(mode, args.iters)
         start = time.perf_counter()
-        for v in variants:  # warm-up (and compilation)
-            for _ in range({'generate': 1, 'generate-nocache': 0}.get(mode, args.warmup)):
-                step(mode, *models[v])
+        for v in variants:  # warm-up (and compilation: at least one step)
+            graphs = counters['stats']['unique_graphs']
+            for _ in range({'generate': 1, 'generate-nocache': 0}.get(mode, max(args.warmup, args.compile == 'True'))):
+                try:
+                    step(mode, *models[v])
+                except Exception as e:  # a compile failure: this variant runs eager
+                    if models[v][1] is models[v][0]:
+                        raise
+                    e = getattr(e, 'inner_exception', e)  # the error inside Dynamo's BackendCompilerFailed
+                    print(f"warning: torch.compile failed for {v} ({why(e)}); eager")
+                    models[v] = (models[v][0], models[v][0], models[v][2])
+            compiled[v] |= counters['stats']['unique_graphs'] > graphs and models[v][1] is not models[v][0]
         warm = time.perf_counter() - start
         times, peak = {v: [] for v in variants}, {}
         for r in range(iters):  # A B B A ...: drift in machine speed, and going first, hit all alike
@@ -423,24 +457,28 @@ def timing(args, variants, modes, device):
         ntok = args.new_tokens if mode.startswith('generate') else B * T
         for v in variants:
             ms = 1000 * median(times[v])
+            flops = flops_per_token(models[v][0].config, T) * ntok if mode == 'train' else None
             # the median of each round's ratio to standard's: a slow spell (shared VM: +-10% for seconds) cancels
             ratio = median(t / t0 for t, t0 in zip(times[v], times['standard']))
             results[(v, mode)] = dict(attn=v, mode=mode, ms_per_iter=ms, tokens_per_s=ntok / ms * 1000,
                                       ratio_vs_standard=ratio, peak_mem_mb=peak.get(v), iters=iters,
-                                      flop_model_ratio=flop_ratio(models[v][0].config, T) if mode == 'train' else None)
+                                      flop_model_ratio=flop_ratio(models[v][0].config, T) if mode == 'train' else None,
+                                      mfu=flops / (ms / 1000) / peak_flop if flops and peak_flop else None,
+                                      compiled=compiled[v])
             if mode == 'generate-nocache':  # after 'generate'
                 results[(v, mode)]['cache_speedup'] = ms / results[(v, 'generate')]['ms_per_iter']
     return results
 
 
 def print_timing(results, args):
-    print(f"\n{'attn':<16}{'mode':<18}{'ms/iter':>10}{'tokens/s':>12}{'peak MB':>9}{'vs standard':>13}"
-          f"{'FLOP model':>12}")
+    print(f"\n{'attn':<16}{'mode':<18}{'compiled':>9}{'ms/iter':>10}{'tokens/s':>12}{'MFU':>7}{'peak MB':>9}"
+          f"{'vs standard':>13}{'FLOP model':>12}")
     for r in results.values():
         peak = f"{r['peak_mem_mb']:.0f}" if r['peak_mem_mb'] else '-'
         flop = f"{r['flop_model_ratio']:.4f}" if r['flop_model_ratio'] else ''
-        print(f"{r['attn']:<16}{r['mode']:<18}{r['ms_per_iter']:>10.1f}{r['tokens_per_s']:>12,.0f}{peak:>9}"
-              f"{r['ratio_vs_standard']:>13.3f}{flop:>12}")
+        mfu = f"{r['mfu']:.1%}" if r['mfu'] else '-'
+        print(f"{r['attn']:<16}{r['mode']:<18}{'yes' if r['compiled'] else 'no':>9}{r['ms_per_iter']:>10.1f}"
+              f"{r['tokens_per_s']:>12,.0f}{mfu:>7}{peak:>9}{r['ratio_vs_standard']:>13.3f}{flop:>12}")
     for r in results.values():
         if 'cache_speedup' in r:
             print(f"{r['attn']}: KV cache generates {args.new_tokens} tokens {r['cache_speedup']:.1f}x as fast "
@@ -455,50 +493,65 @@ def print_timing(results, args):
 # -----------------------------------------------------------------------------
 # --gpu_check: the first thing to run on a GPU
 
+def qk_bf16_error(device, attn='coupled', batch_size=2, block_size=512):
+    """The q/k map of one layer at 60m's head shape under bf16 autocast against float32, on the same bf16 q, k (as
+    autocast's c_attn gives them, at their initial spread): the relative error of its output (q', k') and of its
+    move (q' - q, k' - k), the larger of q's and k's."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(attn=attn, **(PRESETS['60m'] | dict(n_layer=1)), vocab_size=64)
+    qk, hs = GPT(cfg, verbose=False).transformer.h[0].attn.qk.to(device), cfg.n_embd // cfg.n_head
+    q, k = ((0.02 * math.sqrt(cfg.n_embd) * torch.randn(batch_size, cfg.n_head, block_size, hs)).bfloat16().to(device)
+            for _ in range(2))
+    with torch.no_grad():
+        want = qk(q.float(), k.float())
+        with torch.autocast(device.split(':')[0], dtype=torch.bfloat16):
+            got = qk(q, k)
+    rel = lambda err, ref: max((e.norm() / r.norm()).item() for e, r in zip(err, ref))
+    return (rel([g.float() - w for g, w in zip(got, want)], want),
+            rel([g.float() - w for g, w in zip(got, want)], [w - x.float() for w, x in zip(want, (q, k))]))
+
+
 def gpu_check(args, device):
-    """bench.py's training step at the preset in bf16, eager and compiled; then standard and coupled trained side
-    by side on pydocs (offline) for --train_iters iterations; one table."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = os.path.join(args.out, time.strftime('%Y%m%d-%H%M%S'))
-    t_start = time.time()
-    steps = {}
+    """The recipe's training step (60m, GPT-2 vocabulary, 32 x 512 tokens, bf16) timed eager and compiled, standard
+    and coupled, with MFU; diff's two SDPA layouts; the q/k map in bf16 against float32. Random tokens: offline."""
+    t_start, name = time.time(), torch.cuda.get_device_name(device) if device.startswith('cuda') else device
+    cfg = GPTConfig(vocab_size=args.vocab_size, **PRESETS[args.preset])
+    flop = flops_per_token(cfg, args.block_size) * args.batch_size * args.block_size  # one training step
+    peak = peak_flops(device)
+    steps = 4 * (max(args.warmup, 1) + args.iters)  # (standard, coupled, diff one call, diff split) x eager, compiled
+    print(f"gpu check: {name}, preset {args.preset}, {args.batch_size} x {args.block_size} tokens, vocabulary "
+          f"{args.vocab_size}, {args.dtype}; {flop / 1e12:.1f} TFLOP a step. Estimate: {2 * steps} steps"
+          + (f" ({2 * steps * flop / (0.3 * peak):.0f} s at 30% MFU)" if peak else '')
+          + ", plus about a minute's compile per compiled variant")
+    if not peak:
+        print(f"note: no MFU: {name!r} is not in model.GPU_PEAK_FLOPS; set GPU_PEAK_TFLOPS to its dense bf16 TFLOP/s")
+    out, move = qk_bf16_error(device)
+    print(f"q/k map (coupled) in bf16 against float32: output {out:.2%}, its move {move:.2%} (relative errors)")
+    records = []
     for compiled in ('False', 'True'):
         args.compile = compiled
         res = timing(args, ['standard', 'coupled'], ['train'], device)
         print_timing(res, args)
-        steps[compiled] = res[('coupled', 'train')]['ratio_vs_standard']
-    import prepare_data
-    prepare_data.prepare('pydocs', data_dir=args.data_dir)
-    finals, logs, tenth = {}, {}, max(1, args.train_iters // 10)
-    for attn in ('standard', 'coupled'):
-        flags = dict(attn=attn, preset=args.preset, device=device, dtype=args.dtype, compile=args.train_compile,
-                     batch_size=args.batch_size, block_size=args.block_size, max_iters=args.train_iters,
-                     eval_interval=args.train_iters, log_interval=tenth, warmup_iters=tenth, learning_rate='1e-3',
-                     min_lr='1e-4', eval_iters=args.eval_iters, data_dir=args.data_dir, out_dir=os.path.join(out, attn))
-        cmd = [sys.executable, os.path.join(here, 'train.py')] + [f'--{k}={v}' for k, v in flags.items()]
-        print(f"\ntraining {attn}: {' '.join(cmd[1:])}", flush=True)
-        if subprocess.run(cmd).returncode != 0:
-            sys.exit(f"error: the {attn} training run failed; its output is above")
-        log = read_log(os.path.join(out, attn, 'metrics.jsonl'))
-        logs[attn] = [r for r in log if r['event'] == 'train'][1:]  # the first includes compilation
-        finals[attn] = [r for r in log if r['event'] == 'final'][-1]
-
-    def logged(attn, k):  # the mean; None: not logged (MFU needs CUDA)
-        xs = [r[k] for r in logs[attn] if r.get(k) is not None]
-        return mean(xs) if xs else None
-
-    print(f"\ngpu check: {torch.cuda.get_device_name(device) if device.startswith('cuda') else device}, "
-          f"preset {args.preset}, {args.batch_size}x{args.block_size} tokens, {args.dtype}; "
-          f"{time.time() - t_start:.0f} s")
-    print(f"bench.py training step, coupled / standard: eager {steps['False']:.3f}, compiled {steps['True']:.3f}")
-    print(f"| train.py, {args.train_iters} iterations | standard | coupled | coupled / standard |\n|---|---|---|---|")
-    for key, label, fmt in (('ms', 'ms/iter', '{:.1f}'), ('tok_s', 'tokens/s', '{:,.0f}'), ('mfu', 'MFU', '{:.1%}')):
-        a, b = logged('standard', key), logged('coupled', key)
-        cells = [fmt.format(v) if v is not None else '- (no CUDA)' for v in (a, b)]
-        print(f"| {label} | {cells[0]} | {cells[1]} | {f'{b / a:.3f}' if a and b else '-'} |")
-    a, b = finals['standard']['val_loss'], finals['coupled']['val_loss']
-    print(f"| val loss (full split) | {a:.4f} | {b:.4f} | {b - a:+.4f} |")
-    print(f"runs in {out}")
+        records += list(res.values())
+    args.compile, layouts = 'False', {}
+    for split in (False, True):  # diff's attention: one SDPA call per sub-head (v at 2hs), or per half of v (flash)
+        CausalSelfAttention.split_v = split
+        res = timing(args, ['standard', 'diff'], ['train'], device)
+        layouts[split] = res[('diff', 'train')]
+        records.append(layouts[split] | dict(attn=f"diff (split_v={split})"))
+    CausalSelfAttention.split_v = None
+    faster = min(layouts, key=lambda s: layouts[s]['ms_per_iter'])
+    print(f"diff, eager: v at 2hs {layouts[False]['ms_per_iter']:.1f} ms, v's halves (flash-eligible) "
+          f"{layouts[True]['ms_per_iter']:.1f} ms; faster: split_v={faster} (the default on CUDA: split_v=True)")
+    by = {(r['attn'], r['compiled']): r for r in records if r['mode'] == 'train'}
+    for compiled in (False, True):
+        if ('coupled', compiled) in by:
+            print(f"coupled / standard, {'compiled' if compiled else 'eager'}: "
+                  f"{by[('coupled', compiled)]['ratio_vs_standard']:.3f}")
+    if not any(r['compiled'] for r in records):
+        print("compile did not run: every figure above is eager")
+    print(f"gpu check done in {time.time() - t_start:.0f} s")
+    return records
 
 
 # -----------------------------------------------------------------------------
@@ -513,8 +566,8 @@ def main():
     p.add_argument('--preset', choices=list(PRESETS), help='default small (--gpu_check: 60m)')
     p.add_argument('--attn', default='standard,coupled', help=f"comma-separated, from: {', '.join(attn_names())}")
     p.add_argument('--mode', default='train,forward,generate', help='comma-separated, from: ' + ', '.join(MODES))
-    p.add_argument('--batch_size', type=int, help='default 4 (--gpu_check: 16)')
-    p.add_argument('--block_size', type=int, help='default 256 (--gpu_check: 1024)')
+    p.add_argument('--batch_size', type=int, help='default 4 (--gpu_check: 32)')
+    p.add_argument('--block_size', type=int, help='default 256 (--gpu_check: 512)')
     p.add_argument('--vocab_size', type=int, default=50257, help="GPT-2's, as in the paper")
     p.add_argument('--qk_steps', type=int, default=1)
     p.add_argument('--qk_hidden', type=int, default=GPTConfig.qk_hidden, help='hidden width of the potential')
@@ -528,26 +581,26 @@ def main():
     p.add_argument('--report', help='instead of timing: tabulate the train.py runs under these comma-separated folders')
     p.add_argument('--plot', help="with --report: draw each row's learning curve into this file")
     p.add_argument('--plan', action='store_true', help="print the paper's 60M ablation as GPU commands with their cost")
-    p.add_argument('--gpu_check', action='store_true', help='bench at 60m in bf16, eager and compiled; '
-                   'then train standard and coupled on pydocs')
-    p.add_argument('--train_iters', type=int, default=300, help='--gpu_check: training iterations per variant')
-    p.add_argument('--train_compile', default='True', choices=['True', 'False'], help='--gpu_check: compile training')
-    p.add_argument('--eval_iters', type=int, default=20, help='--gpu_check: batches of the periodic val estimate')
-    p.add_argument('--out', default='runs/gpu-check', help='--gpu_check: its runs go in a new folder under this one')
-    p.add_argument('--data_dir', default='data', help='--gpu_check: where pydocs is (prepared if missing)')
+    p.add_argument('--world_size', type=int, default=1, help='--plan: GPUs in all (8 a node)')
+    p.add_argument('--gpu_check', action='store_true', help="the recipe's training step on one CUDA GPU (60m, "
+                   "32 x 512 tokens, bf16), eager and compiled, with MFU")
     args = p.parse_args()
     if args.plot and not (args.report and os.path.splitext(args.plot)[1]):
         p.error("--plot draws the runs of --report into a file named by its format: --report=runs --plot=curves.png")
     if args.report:
         return report(args.report.split(','), args.plot)
     if args.plan:
-        return plan()
-    gpu = dict(preset='60m', dtype='bfloat16', batch_size=16, block_size=1024) if args.gpu_check else {}
+        if not (0 < args.world_size <= SEQUENCES_PER_STEP and SEQUENCES_PER_STEP % args.world_size == 0
+                and (args.world_size <= 8 or args.world_size % 8 == 0)):
+            p.error(f"--world_size={args.world_size}: the recipe's {SEQUENCES_PER_STEP} sequences per step split "
+                    "evenly over 1, 2, 4, 8, 16, 32, 64 or 128 GPUs")
+        return plan(args.world_size)
+    gpu = dict(preset='60m', dtype='bfloat16', batch_size=32, block_size=512) if args.gpu_check else {}
     for k, default in dict(preset='small', dtype='float32', batch_size=4, block_size=256).items():
         if getattr(args, k) is None:  # a flag wins, then the GPU check's shape, then the CPU-friendly one
             setattr(args, k, gpu.get(k, default))
-    for name, low in dict(iters=1, warmup=0, batch_size=1, block_size=1, new_tokens=1, vocab_size=2, qk_steps=1,
-                          train_iters=1, eval_iters=1).items():
+    for name, low in dict(iters=1, warmup=0, batch_size=1, block_size=1, new_tokens=1, vocab_size=2,
+                          qk_steps=1).items():
         if getattr(args, name) < low:
             p.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
     if args.json_out and not os.path.isdir(os.path.dirname(os.path.abspath(args.json_out))):
@@ -566,20 +619,28 @@ def main():
     device = args.device if args.device != 'auto' else 'cuda' if torch.cuda.is_available() else 'cpu'
     if device.split(':')[0] not in ('cpu', 'cuda', 'mps'):
         p.error(f"--device={device} is unknown; use auto, cpu, cuda, cuda:N or mps")
+    if args.gpu_check and not torch.cuda.is_available():
+        p.error("--gpu_check needs a CUDA GPU and there is none here; on a CPU, time a step with python bench.py "
+                "--preset=60m --mode=train")
     if device.startswith('cuda') and not torch.cuda.is_available():
         p.error(f"--device={device} but CUDA is not available here; use --device=cpu")
     if device == 'mps' and not torch.backends.mps.is_available():
         p.error("--device=mps but Apple's MPS is not available here (macOS on Apple silicon only); use --device=cpu")
-    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        peak_flops(device)  # for MFU: $GPU_PEAK_TFLOPS, checked before any work
+    except ValueError as e:
+        p.error(str(e))
+    torch.backends.cuda.matmul.fp32_precision = 'tf32'  # float32 matmuls on TF32 tensor cores (Ampere on)
     if not device.startswith('cuda'):
         keep_freed_memory()
     if args.gpu_check:
-        return gpu_check(args, device)
-    results = timing(args, variants, modes, device)
-    print_timing(results, args)
+        results = {i: r for i, r in enumerate(gpu_check(args, device))}
+    else:
+        results = timing(args, variants, modes, device)
+        print_timing(results, args)
     if args.json_out:
         run = dict(preset=args.preset, batch_size=args.batch_size, block_size=args.block_size, device=device,
-                   dtype=args.dtype, compile=args.compile == 'True', threads=torch.get_num_threads())
+                   dtype=args.dtype, threads=torch.get_num_threads())  # each record: compiled, really
         with open(args.json_out, 'w') as f:
             f.writelines(json.dumps(r | run) + '\n' for r in results.values())
         print(f"wrote {args.json_out}")

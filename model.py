@@ -8,6 +8,7 @@ diagnostics; FLOPs.
 
 import inspect
 import math
+import os
 import statistics
 from dataclasses import dataclass
 from collections import namedtuple
@@ -348,14 +349,22 @@ class CausalSelfAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0 and T > 1,
                                               dropout_p=self.dropout if self.training else 0.0)
 
+    # diff's SDPA calls. split_v: one call per half of v, so that q, k and v share the head size hs (flash attention's
+    # condition; twice the calls); else one call per sub-head with v at 2hs. Equal outputs (a test). None: split on
+    # CUDA only (the reference's choice for flash attention); bench.py --gpu_check times both
+    split_v = None
+
     def diff_attend(self, q, k, v, past):
         # (softmax(q1 k1^T) - lambda softmax(q2 k2^T)) v, lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init;
         # q, k: sub-heads 2i, 2i+1 (B, nh, T, hs); v: (B, nh/2, T, 2hs)
-        B, nh, T, hs = q.shape
         lam = (torch.exp(torch.dot(self.lambda_q1, self.lambda_k1))
                - torch.exp(torch.dot(self.lambda_q2, self.lambda_k2)) + self.lambda_init)
-        y = self.attend(q, k, v.repeat_interleave(2, dim=1), past).view(B, nh // 2, 2, T, 2 * hs)
-        return self.subln(y[:, :, 0] - lam * y[:, :, 1]) * (1 - self.lambda_init)  # (B, nh/2, T, 2hs)
+        q, k = (x.unflatten(1, (-1, 2)) for x in (q, k))  # (B, nh/2, 2, T, hs): [:, :, 0] is q1, k1; [:, :, 1] q2, k2
+        split = q.is_cuda if self.split_v is None else self.split_v
+        vs = v.chunk(2, dim=-1) if split else (v,)  # (B, nh/2, T, hs) twice, or (B, nh/2, T, 2hs)
+        y1, y2 = (torch.cat([self.attend(q[:, :, i], k[:, :, i], vh, past) for vh in vs], dim=-1) for i in (0, 1))
+        y = y1 - lam * y2  # (B, nh/2, T, 2hs)
+        return self.subln(y.float()).type_as(y) * (1 - self.lambda_init)  # the norm in float32, as autocast's LayerNorm
 
     def forward(self, x, cache=None):
         B, T, C = x.size()  # batch size, sequence length, embedding dimensionality (n_embd)
@@ -602,11 +611,46 @@ def flops_per_token(config, T):
     return 3 * (matmul + attend + qk_flops)
 
 
-# dense bf16 peak FLOP/s (datasheets, no sparsity), for MFU; the first match of the device's name wins
-GPU_PEAK_FLOPS = [('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('A100', 312e12), ('L40S', 362e12),
-                  ('L4', 121e12), ('A10', 125e12)]
+# Dense bf16 tensor-core peak FLOP/s (no sparsity), for MFU, by the exact name the driver reports (nvidia-smi,
+# torch.cuda.get_device_name). Datasheets quote bf16 "with sparsity": the dense peak is half of it.
+GPU_PEAK_FLOPS = {
+    'NVIDIA L4': 121e12,                # NVIDIA L4 datasheet: BF16 242 TFLOPS with sparsity
+    'NVIDIA L40': 181e12,               # NVIDIA L40 datasheet: BF16 362.1 with sparsity
+    'NVIDIA L40S': 362e12,              # NVIDIA L40S datasheet: BF16 733 with sparsity
+    'NVIDIA A10': 125e12,               # NVIDIA A10 datasheet: BF16 125 (250 with sparsity)
+    'NVIDIA A100-SXM4-40GB': 312e12,    # NVIDIA A100 datasheet: BF16 312 (624 with sparsity), each form factor
+    'NVIDIA A100-SXM4-80GB': 312e12,
+    'NVIDIA A100-PCIE-40GB': 312e12,
+    'NVIDIA A100 80GB PCIe': 312e12,
+    'NVIDIA H100 80GB HBM3': 989e12,    # H100 SXM. NVIDIA H100 datasheet: SXM BF16 1,979 with sparsity
+    'NVIDIA H100 PCIe': 756e12,         # NVIDIA H100 datasheet: PCIe BF16 1,513 with sparsity
+    'NVIDIA H100 NVL': 835e12,          # NVIDIA H100 datasheet: NVL BF16 1,671 with sparsity
+    'NVIDIA H200': 989e12,              # NVIDIA H200 datasheet: SXM BF16 1,979 with sparsity
+    'NVIDIA H200 NVL': 835e12,          # NVIDIA H200 datasheet: NVL BF16 1,671 with sparsity
+    'NVIDIA H800': 989e12,              # NVIDIA H800 datasheet: SXM BF16 1,979 with sparsity
+    'NVIDIA H800 PCIe': 756e12,         # NVIDIA H800 datasheet: PCIe BF16 1,513 with sparsity
+    'NVIDIA B200': 2250e12,             # NVIDIA HGX B200 datasheet: FP16/BF16 36 PFLOPS with sparsity for 8 GPUs
+    'NVIDIA GeForce RTX 4090': 165e12,  # NVIDIA Ada Lovelace architecture whitepaper: BF16, FP32 accumulate, 165.2
+    'NVIDIA GeForce RTX 3090': 71e12,   # NVIDIA Ampere GA102 whitepaper: BF16, FP32 accumulate, 71
+}
 
 
-def peak_flops(device):  # None off CUDA, or for a GPU not in the list
-    name = torch.cuda.get_device_name(device) if str(device).startswith('cuda') else ''
-    return next((peak for key, peak in GPU_PEAK_FLOPS if key in name), None)
+def peak_flops(device):
+    """The peak for MFU: $GPU_PEAK_TFLOPS if set (a GPU not in the table), else the table's; None if neither."""
+    given = os.environ.get('GPU_PEAK_TFLOPS', '')
+    if given:
+        try:
+            tflops = float(given)
+        except ValueError:
+            tflops = math.nan
+        if not 0 < tflops < math.inf:
+            raise ValueError(f"GPU_PEAK_TFLOPS={given!r} is not a positive number; give the GPU's dense bf16 TFLOP/s")
+        return tflops * 1e12
+    return GPU_PEAK_FLOPS.get(torch.cuda.get_device_name(device)) if str(device).startswith('cuda') else None
+
+
+def autocast_dtype(device):  # dtype=auto: bf16 where the GPU computes it natively; fp16 (with a GradScaler) on
+    # older CUDA GPUs (T4, V100), whose bf16 is emulated; float32 off CUDA
+    if not str(device).startswith('cuda'):
+        return 'float32'
+    return 'bfloat16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'

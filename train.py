@@ -56,8 +56,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
-from model import (POS, PRESETS, GPT, GPTConfig, attention_diagnostics, attn_names, flops_per_token, median_layer,
-                   peak_flops, qk_diagnostics)
+from model import (POS, PRESETS, GPT, GPTConfig, attention_diagnostics, attn_names, autocast_dtype, flops_per_token,
+                   median_layer, peak_flops, qk_diagnostics)
 
 # -----------------------------------------------------------------------------
 _before = set(globals())  # the settings: what this block adds
@@ -98,8 +98,8 @@ lr_decay_iters = 0  # 0: max_iters
 min_lr = 2e-4
 # system
 device = 'auto'  # auto (cuda, mps, cpu), or name one, e.g. cuda:1
-dtype = 'auto'  # auto: bfloat16 (or float16) on CUDA, float32 elsewhere
-compile = False  # torch.compile (eager, with a warning, if it fails)
+dtype = 'auto'  # auto: bfloat16 where the GPU has it natively, float16 on older GPUs, float32 off CUDA
+compile = False  # torch.compile the training step (eager, with a warning, if it fails); evaluation runs eager
 seed = 1337
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in globals().items() if k not in _before and k != '_before'}
@@ -232,12 +232,14 @@ if ddp:
 else:
     rank, local_rank, world_size = 0, 0, 1
 print0 = print if master else (lambda *a, **k: None)
-if dtype == 'auto':
-    dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32'
+dtype = autocast_dtype(device) if dtype == 'auto' else dtype
 autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
 torch.manual_seed(seed + rank)  # each rank its own dropout
-torch.backends.cuda.matmul.allow_tf32 = True
-torch.backends.cudnn.allow_tf32 = True
+torch.backends.cuda.matmul.fp32_precision = 'tf32'  # float32 matmuls on TF32 tensor cores (Ampere on)
+try:
+    peak = peak_flops(device)  # for MFU: model.GPU_PEAK_FLOPS, or $GPU_PEAK_TFLOPS
+except ValueError as e:
+    die(str(e))
 
 # ---- data: data/<dataset>/{train,val[,test]}.bin, checked against its meta.json
 
@@ -277,17 +279,37 @@ if checkpoint is not None:
     except Exception as e:
         die(f"{ckpt_path} does not fit its model ({why(e)}); it is corrupt, or from another version of model.py")
 model.to(device)
-raw_model = model
-if compile and trains:
+raw_model = model  # evaluation and sampling run it eager
+compiled, failed = compile and trains, None  # compile: the training step only
+if compiled:
     print0("compiling the model...")
     try:
-        model = torch.compile(model)
-        with autocast:  # compiling is lazy: try a step now
-            model(*get_batch('train', torch.Generator().manual_seed(0)))[1].backward()
-    except Exception as e:
-        print0(f"warning: torch.compile failed ({why(e)}); running without it")
-        model = raw_model
-    model.zero_grad(set_to_none=True)
+        model = torch.compile(model)  # lazy: its first call compiles
+    except Exception as e:  # e.g. a Python version Dynamo does not support yet
+        failed = e
+if ddp:  # around the compiled model, as PyTorch's docs say: its first call compiles inside DDP, whose optimizer splits
+    # the graph at DDP's gradient buckets, so that their all-reduce overlaps the backward
+    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+if compiled:
+    if failed is None:
+        try:  # a step now, without gradient sync: a rank that fails here leaves no other rank waiting
+            with model.no_sync() if ddp else nullcontext(), autocast:
+                model(*get_batch('train', torch.Generator().manual_seed(0)))[1].backward()
+        except Exception as e:
+            failed = e
+        raw_model.zero_grad(set_to_none=True)
+    if failed is not None:
+        failed = getattr(failed, 'inner_exception', failed)  # the error inside Dynamo's BackendCompilerFailed
+        print(f"warning: torch.compile failed{f' on rank {rank}' if ddp else ''} ({why(failed)}); running eager")
+    ok = torch.tensor(float(failed is None), device=device)
+    if ddp:  # one rank failed: all run eager
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if not ok.item():
+        compiled = False
+        if ddp:
+            model.module = raw_model  # DDP calls the eager model
+        else:
+            model = raw_model
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None and trains:
@@ -305,8 +327,6 @@ if checkpoint is not None and trains:
         die(f"{ckpt_path}'s training state does not fit this run ({why(e)}); resume with the settings it had")
     print0(f"resuming from {ckpt_path} at iteration {iter_num} ({train_time:.0f} s trained)")
 checkpoint = None  # free memory
-if ddp:
-    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
 
 
 def perplexity(loss):  # inf for a diverged run, not an OverflowError
@@ -317,14 +337,14 @@ def perplexity(loss):  # inf for a diverged run, not an OverflowError
 def estimate_loss():
     """Mean loss over eval_iters batches, the same at every eval, in every run, on every rank."""
     out = {}
-    model.eval()
+    raw_model.eval()
     for split in ('train', 'val'):
         gen, losses = torch.Generator().manual_seed(10_000), torch.zeros(eval_iters)
         for k in range(eval_iters):
             with autocast:
-                losses[k] = model(*get_batch(split, gen))[1].item()
+                losses[k] = raw_model(*get_batch(split, gen))[1].item()
         out[split] = losses.mean().item()
-    model.train()
+    raw_model.train()
     return out
 
 
@@ -363,7 +383,7 @@ def write_sample(prompt):
 
 
 print0(f"{dataset}: {meta['vocab_size']} token vocabulary ({meta['tokenizer']}); {tokens_per_iter:,} tokens per "
-       f"iteration; device {device}, {dtype}, {world_size} process(es)")
+       f"iteration; device {device}, {dtype}, {'compiled' if compiled else 'eager'}, {world_size} process(es)")
 if sample:
     try:
         write_sample(sample)
@@ -450,13 +470,15 @@ def get_lr(it):
 
 # ---- the loop (metrics.jsonl is only appended to)
 
-peak = peak_flops(device)  # for MFU: model.GPU_PEAK_FLOPS; without a peak (CPU) no FLOP price is needed
-try:
+if peak is None and device_type == 'cuda':
+    print0(f"note: no MFU: {torch.cuda.get_device_name(device)!r} is not in model.GPU_PEAK_FLOPS; set GPU_PEAK_TFLOPS "
+           "to its dense bf16 TFLOP/s")
+try:  # without a peak (CPU) no FLOP price is needed
     flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter / world_size if peak else None
 except ValueError as e:  # a variant without a price, where MFU needs one
     die(str(e))
 log(dict(event='start', iter=iter_num, tokens=tokens, config=config, params=raw_model.get_num_params(),
-         qk_params=sum(p.numel() for p in raw_model.qk_parameters()), world_size=world_size))
+         qk_params=sum(p.numel() for p in raw_model.qk_parameters()), world_size=world_size, compiled=compiled))
 phase, start_iter, pending, interval_iters, out_of_time = 'train', iter_num, [], 0, False
 t_start = t_log = time.time()
 batch_state = train_gen.get_state()  # what a checkpoint keeps: the generator before the next batch
@@ -475,6 +497,10 @@ while True:
         if pending:
             check_losses()  # a model gone non-finite is never saved
         losses = estimate_loss()
+        if ddp:  # rank 0's estimates decide for all (whether to save, the best loss): ranks may differ in a bit
+            est = torch.tensor([losses['train'], losses['val']], device=device)
+            dist.broadcast(est, 0)
+            losses = dict(train=est[0].item(), val=est[1].item())
         if not all(math.isfinite(v) for v in losses.values()):  # the last update broke it
             not_finite(iter_num, losses['val'])
         x = get_batch('val', torch.Generator().manual_seed(10_000))[0] if master else None  # the diagnostics' batch
