@@ -28,8 +28,9 @@ Omega = torch.zeros(16, 16, dtype=torch.float64)
 Omega[:8, 8:], Omega[8:, :8] = torch.eye(8), -torch.eye(8)
 potential = lambda name: Hamiltonian(1, 8, 12, 3, name, dt=0.5, w_std=1.0)  # noqa: E731  V 12 wide, 3 steps: curved
 rows = [('leapfrog', potential, 'leapfrog', torch.float32), ('leapfrog', potential, 'leapfrog', torch.float64),
-        ('euler', potential, 'euler', torch.float64), ('free-force', lambda _: free_force_leapfrog(), '', torch.float64),
-        *((name, potential, name, torch.float64) for name in sys.argv[1:])]
+        ('euler', potential, 'euler', torch.float64),
+        ('free-force', lambda _: free_force_leapfrog(), '', torch.float64),  # the fourth row
+        *((name, potential, name, torch.float64) for name in sys.argv[1:])]  # yours: python ... ex2_jacobian.py mine
 for label, build, name, dtype in rows:
     torch.manual_seed(1)
     h = build(name).to(dtype)
