@@ -4,7 +4,7 @@ attention, leapfrog is reversible and keeps volume, the closed-form force is the
 the future, the KV cache equals the full forward pass, the parameter budgets. These run in this process.
 Then the scripts, run the way a user runs them, each a process of its own started by the small harness that opens
 that part: prepare_data.py, train.py (resume, evaluation, bad input, Ctrl-C, a full disk, DDP, compile), bench.py,
-and the README's classroom exercises.
+and the lab's exercises (exercises/).
 Run: python -m pytest -q
 """
 import contextlib
@@ -12,7 +12,7 @@ import dataclasses
 import gzip
 import hashlib
 import http.server
-import io
+import itertools
 import json
 import math
 import multiprocessing
@@ -20,6 +20,7 @@ import multiprocessing.connection
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 import bench
@@ -2748,81 +2750,64 @@ def test_report_tabulates_any_run_folders_and_survives_a_cut_line(corpus, tmp_pa
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the README's classroom exercises: run as written, and held to the numbers they state
+# the lab (exercises/): each script run as a student runs it, from the repository root, and held to the numbers
+# WORKSHEET.md's "Look for" paragraphs state and to the numbers and formulas ANSWERS.md states
+
+LAB = os.path.join(HERE, 'exercises')
+NO_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None\n"
+ADD_MINE = (f"import sys; sys.path.insert(0, {HERE!r}); import model\n"  # as `cat exercises/ex6_mine.py >> model.py`
+            f"exec(open({os.path.join(LAB, 'ex6_mine.py')!r}).read(), vars(model))\n")
+LAB_RUNS = {  # name: (script and its arguments, python run first)
+    1: (('ex1_pendulum.py',), ''), 2: (('ex2_jacobian.py', 'mine'), ADD_MINE),
+    3: (('ex3_scores.py',), ''), 4: (('ex4_linear_regime.py',), ''),
+    5: (('ex5_learned.py', 'exercises/quickstart'), ''),
+    '3 without matplotlib': (('ex3_scores.py',), NO_MATPLOTLIB),
+    '5 without matplotlib': (('ex5_learned.py', 'exercises/quickstart'), NO_MATPLOTLIB)}
+
 
 def readme_section(title, text=None):
     text = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read() if text is None else text
     return text.split(f'\n## {title}\n')[1].split('\n## ')[0]
 
 
-def exercises(text=None):
-    """{number: (title, body)} of the numbered exercises; the discussion after them is not one."""
-    found = re.findall(r'\n\*\*(\d+)\. (.*?)\*\*(.*?)(?=\n\*\*\d+\. |\n\*\*Discussion|\Z)',
-                       readme_section('Classroom exercises', text), re.S)
-    return {int(n): (title, body) for n, title, body in found}
+def lab_text(name):
+    return open(os.path.join(LAB, name), encoding='utf-8').read()
 
 
-def snippet(body):
-    return re.findall(r'```python\n(.*?)```', body, re.S)[0]
-
-
-# the snippets a student runs as they are (one that adds to model.py is not), and the variants the tests run:
-# without matplotlib (one line says how to get the picture), exercise 3 with k_i . k_j dropped from its formula
-EXERCISES = [snippet(body) for _, body in exercises().values() if 'from model import' in snippet(body)]
-NO_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None\n"
-BROKEN_FORMULA = ('scores(k, k) + ', '')
-VARIANTS = [*EXERCISES, *(NO_MATPLOTLIB + code for code in EXERCISES if 'savefig' in code),
-            *(code.replace(*BROKEN_FORMULA) for code in EXERCISES if BROKEN_FORMULA[0] in code)]
-
-@pytest.fixture(scope='module')
-def classroom(corpus, tmp_path_factory):
-    """A folder laid out like the repository after the quick start: model.py, data/pydocs, a coupled run in out/."""
-    d = tmp_path_factory.mktemp('classroom')
-    os.makedirs(d / 'data')
-    os.symlink(os.path.join(corpus, 'pydocs'), d / 'data' / 'pydocs')
-    os.symlink(os.path.join(HERE, 'model.py'), d / 'model.py')  # a snippet saved in the repository root
-    return d
+def lab_section(n, text):
+    """Exercise n's section (or 'Discussion') of WORKSHEET.md or ANSWERS.md, on one line."""
+    return ' '.join(re.split(r'\n## ', text.split(f'\n## {n}' + ('. ' if isinstance(n, int) else ''))[1])[0].split())
 
 
 @pytest.fixture(scope='module')
-def printed(classroom, corpus):
-    """{snippet: (what it printed, its traceback or '')} for every one of VARIANTS, each run once per session: those
-    that read the quick start's run after training one (in the classroom), the others meanwhile."""
-    def run_all(codes):  # each as `python -c snippet` in the classroom: a process of its own
-        return {code: (r.stdout, r.stderr if r.returncode else '') for code in codes
-                for r in [run('-c', code, cwd=classroom, timeout=300)]}
+def lab(corpus, tmp_path_factory):
+    """{run: (what it printed, its traceback or '')} for LAB_RUNS, each a process of its own in a folder laid out as
+    the repository after the quick start's prepare_data.py (data/pydocs); the launcher's run too ('launcher')."""
+    root = tmp_path_factory.mktemp('lab')
+    os.makedirs(root / 'data')
+    os.symlink(os.path.join(corpus, 'pydocs'), root / 'data' / 'pydocs')
+    os.symlink(LAB, root / 'exercises')  # the lab's copy of a quick-start run is exercises/quickstart
 
-    def after_the_quick_start(codes):
-        assert train(corpus, classroom / 'out', '--attn=coupled', '--max_iters=20', '--eval_interval=20',
-                     '--block_size=128').returncode == 0  # the quick start's shape
-        return run_all(codes)
-    trained = [code for code in VARIANTS if 'out/ckpt.pt' in code]
-    with ThreadPoolExecutor(2) as pool:  # two cores: training, and the snippets that need none
-        jobs = [pool.submit(run_all, [c for c in VARIANTS if c not in trained]),
-                pool.submit(after_the_quick_start, trained)]
-        return {**jobs[0].result(), **jobs[1].result()}
+    def one(key):
+        (script, *args), patch = LAB_RUNS[key]
+        r = run(os.path.join(LAB, script), *args, cwd=root, patch=patch, timeout=300)
+        return key, (r.stdout, r.stderr if r.returncode else '')
 
-
-def test_every_exercise_states_its_cost_asks_and_answers_and_the_lab_is_laid_out():
-    section, numbered = readme_section('Classroom exercises'), exercises()
-    assert len(numbered) >= 6 and list(numbered) == list(range(1, len(numbered) + 1))
-    costs = [re.search(r'\((no training|one run|two runs|several runs)', title + body) for title, body in
-             numbered.values()]
-    assert all(costs) and sum(c.group(1) == 'no training' for c in costs) >= 4
-    assert all('Look for' in body and re.search(r'\d', body.split('Look for')[1]) for _, body in numbered.values())
-    fold = r'<details><summary>{}.*?</summary>\n\n.{{100,}}?</details>'
-    for title, body in numbered.values():  # a worked answer, or where students train, how to judge theirs
-        assert re.search(fold.format('For the lecturer' if 'several runs' in title else 'Answer'), body, re.S), title
-    assert re.search(r'\n\*\*Discussion\.\*\* .*?\?\n\n' + fold.format('For the lecturer'), section, re.S)
-    assert sum(bool(re.search(r'\*Predict\s+first\*', body)) for _, body in numbered.values()) >= 5
-    assert len(EXERCISES) == len(numbered) - 1  # one snippet each, exercise 6's goes into model.py
-    lab = section.split('\n**1. ')[0]  # the opening: start the long run first, then the time each exercise takes
-    assert 'Start the quick start now' in lab and 'Minutes:' in lab
-    readme = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
-    assert readme.index('\n## Glossary\n') < readme.index('\n## Classroom exercises\n')  # words before their use
-    # exercise 6 trains in the results' protocol, so its rows compare with the table's
-    protocol = lambda text: re.search(r'\nP="(.*?)"\n', text).group(1)
-    assert protocol(numbered[6][1]) == protocol(readme_section('Results at laptop scale'))
+    def launcher():  # exercise 6: the template appended to (a copy of) model.py, then a tiny run of it
+        repo = tmp_path_factory.mktemp('repo')
+        for name in ('train.py', 'bench.py', 'prepare_data.py', 'model.py'):
+            shutil.copy(os.path.join(HERE, name), repo / name)
+        with open(repo / 'model.py', 'a') as f:
+            f.write(lab_text('ex6_mine.py'))
+        os.makedirs(repo / 'exercises')
+        shutil.copy(os.path.join(LAB, 'ex6_train.py'), repo / 'exercises')
+        r = run(repo / 'exercises' / 'ex6_train.py', 'mine', '--seeds', '1', '--', f'--data_dir={corpus}',
+                *SMALL, '--n_embd=32', '--max_iters=2', '--eval_interval=2', cwd=repo, timeout=300)
+        return 'launcher', (r.stdout, r.stderr if r.returncode else r.stderr + '(exit 0)', repo)
+    with ThreadPoolExecutor(2) as pool:  # two cores
+        jobs = [pool.submit(launcher), *(pool.submit(one, key) for key in (1, 4, 2, 3, 5, '3 without matplotlib',
+                                                                            '5 without matplotlib'))]
+        return dict(job.result() for job in jobs) | {'root': root}
 
 
 def test_train_py_imports_only_model_and_prepare_data_from_the_repository():
@@ -2834,36 +2819,82 @@ def test_readme_has_no_placeholder_left_and_its_pictures_exist():
     text = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
     assert '\u27e8' not in text and '{' + 'EX' not in text  # no placeholder left where a number belongs
     pictures = re.findall(r'!\[[^]]*\]\((\.assets/[^)]+)\)', text)
-    assert len(pictures) >= 3 and all(os.path.exists(os.path.join(HERE, p)) for p in pictures), pictures
+    assert len(pictures) >= 1 and all(os.path.exists(os.path.join(HERE, p)) for p in pictures), pictures
 
 
 def test_nothing_a_user_reads_points_outside_the_repository():  # a clone has no folder beside it
-    for name in ('README.md', 'model.py', 'train.py', 'prepare_data.py', 'bench.py', 'test_model.py'):
+    names = ['README.md', 'model.py', 'train.py', 'prepare_data.py', 'bench.py', 'test_model.py']
+    names += [os.path.join('exercises', f) for f in os.listdir(os.path.join(HERE, 'exercises')) if '.' in f[1:]
+              and f.rsplit('.', 1)[1] in ('py', 'md', 'sh')]
+    for name in names:
         text = open(os.path.join(HERE, name), encoding='utf-8').read()
         assert '..' + '/shared' not in text and '/work' + '/shared' not in text, name
 
 
-@pytest.mark.parametrize('i', range(len(EXERCISES)))
-def test_readme_exercise_runs_as_written(printed, classroom, i):
-    out, error = printed[EXERCISES[i]]
+def lab_output(lab, key):
+    out, error = lab[key][:2]
     assert error == '', error[-2000:]
-    assert out.strip() and not re.search(r'\bnan\b', out.lower())
-    picture = re.search(r"savefig\('(\w+\.png)'", EXERCISES[i])
-    if picture:  # drawn where matplotlib is installed; otherwise one line says how to get it
-        try:
-            import matplotlib  # noqa: F401
-            assert (classroom / picture.group(1)).exists()
-        except ImportError:
-            pass
-        out, error = printed[NO_MATPLOTLIB + EXERCISES[i]]
-        assert error == '' and out.strip().splitlines()[-1] == 'for the picture: pip install matplotlib'
+    return out
 
 
-# Exercises 1-4 (no training) are held to their numbers. What each number of an exercise's "Look for" paragraph
-# is, in order, computed from what its snippet printed: (the value, or values that must all agree, and how close).
-# A number in backticks is code, not a figure. How close the README must be (TOLERANCE):
-#   digits:   a printed figure, to the digits the README gives (half a unit in its last place);
-#   power2:   a growth factor the README rounds to a power of 2 ("4x"), within a quarter of a power of 2;
+def test_lab_is_laid_out_and_fits_90_minutes():
+    worksheet, answers = lab_text('WORKSHEET.md'), lab_text('ANSWERS.md')
+    minutes = re.findall(r'\n\| [^|]+ \| (\d+) \| [^|]+ \|', worksheet)
+    assert len(minutes) == 8 and sum(map(int, minutes)) == 90  # starting the quick start, six exercises, discussion
+    for n in range(1, 7):
+        section = lab_section(n, worksheet)
+        assert all(part in section for part in ('**Predict first.**', '**Run**', '**Look for:**')), n
+        assert len(lab_section(n, answers)) > 300, n  # an answer, and how to judge one
+        for script in re.findall(r'python (exercises/\S+\.py)', section) + re.findall(r'cat (exercises/\S+)', section):
+            assert os.path.exists(os.path.join(HERE, script)), script
+    assert lab_section('Discussion', worksheet).endswith('?') and 'A good answer' in lab_section('Discussion', answers)
+    assert all(re.search(rf'\b[Cc]orrection {c}\b', answers) for c in 'ABCDEFG')  # each fix of the first version
+    assert 'Start the quick start now' in worksheet.split('\n## 1. ')[0]  # the long run first
+    # exercise 6 trains in the README results' protocol, so its rows compare with the table's; the README points here
+    readme = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
+    launcher = open(os.path.join(LAB, 'ex6_train.py')).read()
+    assert re.search(r'PROTOCOL = "(.*?)"', launcher).group(1) == re.search(r'\nP="(.*?)"\n', readme).group(1)
+    assert all(f'exercises/{name}' in readme for name in ('WORKSHEET.md', 'ANSWERS.md'))
+    assert readme.index('\n## Glossary\n') < readme.index('\n## Classroom exercises\n')  # words before their use
+    # the discussion's numbers are the README's: the paper's gain, standard-2.4x's lead, the nonlinear fractions
+    discussion = lab_section('Discussion', answers)
+    assert 'gains 6.6% at 60M' in lab_section('Discussion', worksheet) and '-6.6% validation perplexity' in readme
+    results = readme_section('Results at laptop scale', readme)
+    row = lambda name: re.search(rf'\n\| `{re.escape(name)}` \| (.*)', results).group(1)  # noqa: E731
+    lead = float(re.search(r'\((-[\d.]+)%\)', row('standard-2.4x')).group(1))
+    assert f"`standard-2.4x` is {-lead:.0f}% better" in discussion
+    nonlinear = lambda name: [float(x) for x in re.search(r'([\d.]+)-([\d.]+)% \|$', row(name)).groups()]  # noqa
+    low, high = map(int, re.search(r'nearly linear \((\d+)% to (\d+)%', discussion).groups())
+    assert (low, high) == (math.floor(nonlinear('coupled')[0]), math.ceil(nonlinear('coupled')[1]))
+    helped = [x for name in ('uncoupled', 'invertible') for x in nonlinear(name)]
+    low, high = map(int, re.search(r'the maps that helped reach (\d+)% to (\d+)%', discussion).groups())
+    assert (low, high) == (math.floor(min(helped)), math.ceil(max(helped)))
+
+
+def test_lab_scripts_run_and_draw_their_picture_or_say_how_to_get_it(lab):
+    try:
+        import matplotlib  # noqa: F401
+        drawn = True
+    except ImportError:
+        drawn = False
+    for key in (1, 2, 3, 4, 5):
+        out = lab_output(lab, key)
+        assert out.strip() and not re.search(r'\bnan\b', out.lower()), key
+        picture = re.search(r"savefig\('(\w+\.png)'", open(os.path.join(LAB, LAB_RUNS[key][0][0])).read())
+        if picture:
+            assert (lab['root'] / picture.group(1)).exists() == drawn, key
+            assert out.strip().splitlines()[-1] == (f'drew {picture.group(1)}' if drawn else
+                                                    'for the picture: pip install matplotlib'), key
+    for key in ('3 without matplotlib', '5 without matplotlib'):
+        assert lab_output(lab, key).strip().splitlines()[-1] == 'for the picture: pip install matplotlib'
+    r = run(os.path.join(LAB, 'ex5_learned.py'), cwd=lab['root'])  # before the quick start has saved its run
+    assert one_line_error(r, 'exercises/quickstart')
+
+
+# What each number of an exercise's "Look for" paragraph is, in order, read off what its script printed: (the value,
+# or values that must all agree, and how close). A number in backticks is code, not a figure. How close:
+#   digits:   a printed figure, to the digits the worksheet gives (half a unit in its last place);
+#   power2:   a growth factor the worksheet rounds to a power of 2 ("a factor of 4"), within a quarter of a power of 2;
 #   order:    the order p of that factor 2^p ("order 2"), within 0.25;
 #   roundoff: a rounding error (it differs between machines), within a factor of 10.
 def figures(out, pattern):
@@ -2872,51 +2903,93 @@ def figures(out, pattern):
     return rows
 
 
-def exercise_1_figures(out):
+def exercise_1_rows(out):
     e = {(name, float(dt)): float(err) for name, dt, err in
-         figures(out, r'(\w+) +dt=([\d.]+): largest energy error (\S+)')}
-    leap, euler = (e[name, 0.1] / e[name, 0.05] for name in ('leapfrog', 'euler'))
-    return [(e['leapfrog', 0.1], 'digits'), (e['leapfrog', 0.05], 'digits'), (leap, 'power2'), (leap, 'order'),
-            (e['euler', 0.1], 'digits'), (e['euler', 0.05], 'digits'), (euler, 'power2'), (euler, 'order')]
+         figures(out, r'([\w-]+) +dt=([\d.]+): largest energy error (\S+)')}
+    halving = {name: ([float(r) for r in re.findall(r'([\d.]+)x', ratios)], float(slope)) for name, ratios, slope in
+               figures(out, r'([\w-]+) +each halving of dt from 0.1 divides the error by (.*?); log-log slope (\S+)')}
+    long = {name: (float(a), float(b)) for name, a, b in figures(
+        out, r'([\w-]+) +10000 steps of dt=0.1: largest energy error (\S+) in the first 1000 steps, (\S+) in the last')}
+    det = float(figures(out, r'det J - \(1 \+ dt\^2 cos q\) along the orbit: at most (\S+)')[0])
+    return e, halving, long, det
 
 
-def exercise_2_rows(out):  # {(integrator, dtype): (moved, back, det J min, max, singular values min, max, |..|)}
+def exercise_1_figures(out):
+    e, halving, long, _ = exercise_1_rows(out)
+    (leap, leap_slope), (euler, euler_slope) = halving['leapfrog'], halving['euler']
+    return [(e['leapfrog', 0.1], 'digits'), (e['leapfrog', 0.05], 'digits'), (leap[0], 'power2'), (leap[0], 'order'),
+            (tuple(leap), 'digits'), (leap_slope, 'digits'), (e['euler', 0.1], 'digits'), (e['euler', 0.05], 'digits'),
+            (euler[0], 'digits'), (euler[-1], 'power2'), (euler[-1], 'order'), (euler[-1], 'digits'),
+            (euler_slope, 'digits'), (long['leapfrog'], 'digits'), (long['euler'][0], 'digits'),
+            (long['euler'][1], 'digits')]
+
+
+def exercise_2_rows(out):  # {(row, dtype): (moved, back, det J min, max, singular values min, max, |..|)}
     number = r'([-+\d.e]+)'
     return {(name, dtype): [float(x) for x in row] for name, dtype, *row in figures(out, (
-        rf'(\w+) (float\d+): moved {number}, back to {number}; det J {number} to {number}; singular values {number} '
-        rf'to {number}; \|J\^T Omega J - Omega\| {number}'))}
+        rf'([\w-]+) (float\d+): moved {number}, back to {number}; det J {number} to {number}; singular values '
+        rf'{number} to {number}; \|J\^T Omega J - Omega\| {number}'))}
 
 
 def exercise_2_figures(out):
     r = exercise_2_rows(out)
-    l32, l64, eu = r['leapfrog', 'float32'], r['leapfrog', 'float64'], r['euler', 'float64']
+    l32, l64, eu, free = r['leapfrog', 'float32'], r['leapfrog', 'float64'], r['euler', 'float64'], \
+        r['free-force', 'float64']
     return [((l32[0], l64[0]), 'digits'), (l32[1], 'roundoff'), (l64[1], 'roundoff'),
             ((*l32[2:4], *l64[2:4]), 'digits'), (l64[6], 'roundoff'), ((l32[5], l64[5]), 'digits'),
-            ((l32[4], l64[4]), 'digits'), (eu[1], 'digits'), (eu[2], 'digits'), (eu[3], 'digits'), (eu[6], 'digits')]
+            ((l32[4], l64[4]), 'digits'), (eu[1], 'digits'), (eu[2], 'digits'), (eu[3], 'digits'), (eu[6], 'digits'),
+            (free[0], 'digits'), (free[1], 'roundoff'), (tuple(free[2:4]), 'digits'), (free[6], 'digits')]
 
 
-def exercise_3_rows(out):  # [(dt, the scores' change, the formula's error, Euler's difference)]
-    return [tuple(map(float, row)) for row in figures(
+def exercise_3_rows(out):  # [(dt, the scores' change, the formula's error, Euler's difference)], the three slopes
+    rows = [tuple(map(float, row)) for row in figures(
         out, r'dt=([\d.]+): scores change by (\S+); off by (\S+) \(the formula\), (\S+) \(Euler\)')]
+    slopes = figures(out, r'log-log slopes against dt: (\S+) \(the change\), (\S+) \(the formula.s error\), (\S+) ')
+    return rows, [float(s) for s in slopes[0]]
 
 
 def exercise_3_figures(out):
-    rows = exercise_3_rows(out)
-    return [(row[column], 'digits') for column in (1, 2, 3) for row in rows]
+    rows, slopes = exercise_3_rows(out)
+    return [*[(row[1], 'digits') for row in rows], (slopes[0], 'digits'), *[(row[2], 'digits') for row in rows],
+            *[(row[3], 'digits') for row in rows], (slopes[1], 'digits'), (slopes[2], 'digits')]
 
 
-def exercise_4_rows(out):  # [(spread, nonlinear fraction, growth factor over the last spread or None)]
-    return [(float(s), float(f), float(g) if g else None) for s, f, g in
-            figures(out, r'spread ([\d.]+): nonlinear (\S+?)(?:, ([\d.]+)x the last)?\n')]
+def exercise_4_rows(out):  # {b: [(spread, nonlinear fraction, growth over the last spread or None)]}, {b: slope}
+    rows = {}
+    for b, s, f, g in figures(out, r'b=([\d.]+) spread ([\d.]+): nonlinear (\S+?)(?:, ([\d.]+)x the last)?\n'):
+        rows.setdefault(float(b), []).append((float(s), float(f), float(g) if g else None))
+    return rows, {float(b): float(s) for b, s in figures(out, r'b=([\d.]+): log-log slope (\S+)')}
 
 
 def exercise_4_figures(out):
-    rows = exercise_4_rows(out)
-    spread = {s: f for s, f, _ in rows}
-    return [(rows[0][1], 'digits'), *[(g, 'digits') for _, _, g in rows[1:]], (spread[2.0], 'digits')]
+    rows, slopes = exercise_4_rows(out)
+    plain, biased = rows[0.0], rows[0.5]
+    return [(plain[0][1], 'digits'), (plain[1][2], 'digits'), (plain[2][2], 'digits'), (slopes[0.0], 'digits'),
+            *[(g, 'digits') for _, _, g in plain[3:]], (dict((s, f) for s, f, _ in plain)[2.0], 'digits'),
+            (biased[1][2], 'digits'), (biased[2][2], 'digits'), (slopes[0.5], 'digits')]
 
 
-LOOK_FOR = {1: exercise_1_figures, 2: exercise_2_figures, 3: exercise_3_figures, 4: exercise_4_figures}
+def exercise_5_rows(out):  # per layer (nonlinear %, [dt]); per head (variation, flips, corr, diagonal, R^2 alone, R^2)
+    layers = [(float(f), [float(x) for x in re.findall(r'[-\d.]+', dt)]) for f, dt in figures(
+        out, r'layer \d: nonlinear ([\d.]+)%, dt (\[.*?\])')]
+    heads = [tuple(map(float, row)) for row in figures(
+        out, r'head \d: total variation (\S+), argmax flips (\d+)/48, corr\(change, k_i.k_j\) (\S+), diagonal gains '
+             r'most in (\d+)/48 rows, R\^2 (\S+) \(dt k_i.k_j alone\), (\S+) \(first order\)')]
+    return layers, heads
+
+
+def exercise_5_figures(out):
+    layers, heads = exercise_5_rows(out)
+    extremes = lambda values: [(min(values), 'digits'), (max(values), 'digits')]  # noqa: E731  a range "a to b"
+    column = lambda i: [h[i] for h in heads]  # noqa: E731
+    return [(layers[0][0], 'digits'), *extremes([f for f, _ in layers[1:]]),
+            *extremes([dt for _, dts in layers for dt in dts]), *extremes(column(0)), *extremes(column(1)),
+            (48, 'digits'), *extremes(column(2)), *extremes(column(3)), (48, 'digits'), *extremes(column(4)),
+            *extremes(column(5))]
+
+
+LOOK_FOR = {1: exercise_1_figures, 2: exercise_2_figures, 3: exercise_3_figures, 4: exercise_4_figures,
+            5: exercise_5_figures}
 NUMBER = re.compile(r'(?<![\w.^])\d+(?:\.\d+)?(?:e[-+]\d+)?')
 
 
@@ -2941,134 +3014,357 @@ def close(text, value, how):
 
 
 def look_for(n, text=None):
-    return exercises(text)[n][1].split('\nLook for: ')[1].split('\n\n')[0]
+    return lab_section(n, text or lab_text('WORKSHEET.md')).split('**Look for:** ')[1].split(' ![')[0]
 
 
 def look_for_mismatches(n, out, text=None):
-    """Where exercise n's "Look for" paragraph in README.md (or `text`) disagrees with its snippet's output."""
+    """Where exercise n's "Look for" paragraph in WORKSHEET.md (or `text`) disagrees with what its script printed."""
     numbers, expected = stated(look_for(n, text)), LOOK_FOR[n](out)
     if len(numbers) != len(expected):
         return [f"exercise {n}'s Look for states {len(numbers)} numbers, its check reads {len(expected)}: "
                 f"{[t for _, _, t in numbers]}"]
-    return [f"exercise {n}: the README says {text}, the snippet gives {values} ({how})"
+    return [f"exercise {n}: the worksheet says {text}, the script gives {values} ({how})"
             for (_, _, text), (values, how) in zip(numbers, expected)
             if not all(close(text, v, how) for v in (values if isinstance(values, tuple) else (values,)))]
 
 
-def exercise_output(printed, n, code=None):
-    out, error = printed[code or snippet(exercises()[n][1])]
-    assert error == '', error[-2000:]
-    return out
-
-
 @pytest.mark.parametrize('n', sorted(LOOK_FOR))
-def test_exercise_look_for_states_what_its_snippet_prints(printed, n):
-    assert look_for_mismatches(n, exercise_output(printed, n)) == []
+def test_lab_look_for_states_what_its_script_prints(lab, n):
+    assert look_for_mismatches(n, lab_output(lab, n)) == []
 
 
-def test_exercise_look_for_check_fails_when_a_readme_number_changes(printed):
-    # the acceptance test, on a scratch copy of README.md: change a number of a "Look for" paragraph (its first by a
-    # digit, then each by 20x) and the check above fails
-    readme = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
+def test_lab_look_for_check_fails_when_a_worksheet_number_changes(lab):
+    # on a scratch copy of WORKSHEET.md: change a number of a "Look for" paragraph (its first by a digit, then each
+    # by 20x) and the check above fails
+    worksheet = lab_text('WORKSHEET.md')
     for n in LOOK_FOR:
-        out, paragraph = exercise_output(printed, n), look_for(n)
-        assert look_for_mismatches(n, out, readme) == []
+        out, paragraph = lab_output(lab, n), look_for(n)
         numbers = stated(paragraph)
         start, end, text = numbers[0]
         first = re.search(r'[1-9]', text)  # its first significant digit, one up (9: down to 1)
         changed = text[:first.start()] + str(int(first.group()) % 9 + 1) + text[first.end():]
         for start, end, changed in [(start, end, changed)] + [(s, e, f"{20 * float(t):g}") for s, e, t in numbers]:
-            scratch = readme.replace(paragraph, paragraph[:start] + changed + paragraph[end:])
-            assert look_for_mismatches(n, out, scratch), (n, changed)
+            scratch = ' '.join(worksheet.split()).replace(paragraph, paragraph[:start] + changed + paragraph[end:])
+            assert look_for_mismatches(n, out, scratch.replace(' ## ', '\n## ')), (n, changed)
 
 
-def test_exercise_3_with_a_broken_formula_fails_its_look_for(printed):
-    # drop k_i . k_j from the first-order formula: its error then halves with dt instead of quartering
-    code = snippet(exercises()[3][1])
-    assert BROKEN_FORMULA[0] in code
-    out = exercise_output(printed, 3, code.replace(*BROKEN_FORMULA))
-    assert look_for_mismatches(3, out)
-    formula_errors = [error for _, _, error, _ in exercise_3_rows(out)]
-    assert 1.7 < formula_errors[0] / formula_errors[1] < 2.3
+def formula(text, **names):
+    """A formula as ANSWERS.md writes it, evaluated: `dt^2/2 F(q)` is dt**2/2*F(q), `|k|` a norm, `a . b` a dot
+    product, `cos q` cos(q); names: its symbols' values."""
+    py = re.sub(r'\b(cos|sin) (\w+)', r'\1(\2)', text)
+    py = re.sub(r'\|([^|]+)\|', r'norm(\1)', py).replace('^', '**').replace(' . ', ' @ ')
+    py = re.sub(r'(?<=[\w)]) +(?=[\w(])', '*', py)  # juxtaposition: a product
+    return eval(py, {'__builtins__': {}, 'norm': torch.linalg.vector_norm, 'cos': math.cos, 'sqrt': math.sqrt}, names)
 
 
-def test_exercise_answers_hold_their_scalings_and_formulas(printed):
-    answers = {n: ' '.join(body.split('<summary>Answer')[1].split())  # one line each
-               for n, (_, body) in exercises().items() if '<summary>Answer' in body}
-    # 1: leapfrog conserves the stated modified energy of the harmonic oscillator exactly (to rounding)
-    assert '`k^2/2 + (1 - dt^2/4) q^2/2`' in answers[1]
+def stated_formula(pattern, answer):  # the formula a pattern's group finds in an answer
+    found = re.search(pattern, answer)
+    assert found, f"no {pattern!r} in the answer"
+    return found.group(1)
 
-    class Spring(Hamiltonian):  # V(q) = q^2/2
-        def force(self, q, scale=1.0):
-            return -scale * q
-    h = Spring(1, 1, 1, 1, 'leapfrog', dt=0.3).double()
-    dt, drift = h.dt.item(), [0.0, 0.0]  # 0.3 as float32 holds it; the largest change of the modified energy, of H
+
+def number_in(pattern, answer):
+    return float(stated_formula(pattern, answer))
+
+
+class Spring(Hamiltonian):  # V(q) = c q^2/2, F(q) = -c q
+    c = 1.0
+
+    def force(self, q, scale=1.0):
+        return -scale * self.c * q
+
+
+def spring(integrator, dt, c=1.0, steps=1):
+    h = type('Spring', (Spring,), dict(c=c))(1, 1, 1, steps, integrator, dt=dt).double()
+    with torch.no_grad():
+        h.dt.fill_(dt)
+    return h
+
+
+def test_lab_answer_1_the_pendulum_holds_its_numbers_and_formulas(lab):
+    answer = lab_section(1, lab_text('ANSWERS.md'))
+    e, halving, long, det_gap = exercise_1_rows(lab_output(lab, 1))
+    # Euler's determinant, exactly: the formula as written against autograd at points far from the bottom
+    det = stated_formula(r'exactly `det J = (.*?)`', answer)
+    for q, dt in ((1.0, 0.1), (2.5, 0.7), (-0.3, 1.3)):
+        h = Pendulum(1, 1, 1, 1, 'euler', dt=dt).double()
+        with torch.no_grad():
+            h.dt.fill_(dt)
+        J = torch.autograd.functional.jacobian(lambda x: torch.cat(h(x[:1].view(1, 1, 1, 1), x[1:].view(
+            1, 1, 1, 1)), -1).flatten(), torch.tensor([q, 0.4], dtype=torch.float64))
+        assert abs(torch.linalg.det(J).item() - formula(det, dt=dt, q=q)) < 1e-12
+    assert det_gap < 1e-12  # and the script's own check along the orbit
+    # leapfrog conserves the stated modified energy of the spring exactly (to rounding), not H
+    energy = stated_formula(r'modified energy `(.*?)` exactly', answer)
+    h, dt = spring('leapfrog', 0.3), 0.3
     q, k = torch.ones(1, 1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, 1, 1, dtype=torch.float64)
-    energies = lambda q, k: (k.item() ** 2 / 2 + (1 - dt ** 2 / 4) * q.item() ** 2 / 2,
-                             (k.item() ** 2 + q.item() ** 2) / 2)
-    e0 = energies(q, k)
+    energies = lambda q, k: (formula(energy, k=k.item(), q=q.item(), dt=dt), (k.item() ** 2 + q.item() ** 2) / 2)
+    e0, drift = energies(q, k), [0.0, 0.0]
     with torch.no_grad():
         for _ in range(200):
             q, k = h(q, k)
-            drift = [max(d, abs(e - e_0)) for d, e, e_0 in zip(drift, energies(q, k), e0)]
+            drift = [max(d, abs(a - b)) for d, a, b in zip(drift, energies(q, k), e0)]
     assert drift[0] < 1e-12 and drift[1] > 1e-3
-    # 2: a symplectic Jacobian's singular values pair as s, 1/s; Euler's do not
-    rows = exercise_2_rows(exercise_output(printed, 2))
-    assert '`s`, `1/s`' in answers[2]
+    # correction A: Euler's error at dt = 0.1 relative to |H0| = cos 1, its factors per halving, the slope
+    euler, slope = halving['euler']
+    worst = pendulum_energy_error('euler', 0.1)  # the script prints it to 2 digits: here, all of them
+    assert f"{worst:.1e}" == f"{e['euler', 0.1]:.1e}"
+    assert abs(number_in(r'energy error is (\d+)% of', answer) - 100 * worst / math.cos(1)) < 0.5
+    assert number_in(r'`dt = 0.05` is ([\d.]+), not 2', answer) == euler[0] and euler[0] > 2.1
+    reaches, a, b = re.search(r'reaches ([\d.]+) only at the halving from `dt = ([\d.]+)` to `dt = ([\d.]+)`',
+                              answer).groups()
+    assert float(reaches) == euler[-1] and (float(a), float(b)) == (0.1 / 2 ** 4, 0.1 / 2 ** 5)
+    assert all(r > 2.05 for r in euler[:-1]) and euler[-1] < 2.05  # "only" there
+    assert number_in(r'six step sizes, ([\d.]+),', answer) == slope
+    assert number_in(r"factor is ([\d.]+) at every halving", answer) == halving['leapfrog'][0][0]
+    # correction F: leapfrog's bound needs a small dt (unstable past 2 for the spring), a bounded orbit (V = -q^2/2:
+    # the modified energy k^2/2 + c (1 - c dt^2/4) q^2/2 is kept, H is not); the model takes one step by default
+    assert number_in(r'unstable once `dt > (\d+)`', answer) == 2
+
+    def worst_energy_error(h, steps=400):
+        q, k = torch.ones(1, 1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, 1, 1, dtype=torch.float64)
+        H = lambda q, k: (k.item() ** 2 + h.c * q.item() ** 2) / 2
+        worst, e0 = 0.0, H(q, k)
+        with torch.no_grad():
+            for _ in range(steps):
+                q, k = h(q, k)
+                worst = max(worst, abs(H(q, k) - e0))
+        return worst, abs(q.item())
+    assert worst_energy_error(spring('leapfrog', 1.9))[0] < 10 < 1e6 < worst_energy_error(spring('leapfrog', 2.1))[0]
+    runaway, inverted = worst_energy_error(spring('leapfrog', 0.1, c=-1.0), 40), worst_energy_error(
+        spring('leapfrog', 0.1, c=-1.0), 80)
+    assert inverted[0] > 10 * runaway[0] and inverted[1] > 10 * runaway[1]  # grows with q^2 as the orbit runs away
+    assert '`--qk_steps=1`' in answer and GPTConfig().qk_steps == 1
+    # the long run: leapfrog bounded (the same bound at the end as at the start), Euler drifting
+    assert long['leapfrog'][1] <= 1.01 * long['leapfrog'][0] and long['euler'][1] > 5 * long['euler'][0]
+
+
+def test_lab_answer_2_volume_return_symplecticity_hold_their_formulas(lab):
+    answer = lab_section(2, lab_text('ANSWERS.md'))
+    rows = exercise_2_rows(lab_output(lab, 2))
+    # leapfrog is the kick and the drift as written, kick-drift-kick: the same numbers as the model's step
+    kick, drift = stated_formula(r'A kick `k \+= (.*?)`', answer), stated_formula(r'a drift `q \+= (.*?)`', answer)
+    h = hamiltonian('leapfrog', nh=1)
+    q, k = qk_pair(nh=1)
+    dt = h.dt.view(-1, 1, 1)
+    F = lambda q: h.force(q)  # noqa: E731
+    k_ = k + formula(kick, dt=dt, F=F, q=q)
+    q_ = q + formula(drift, dt=dt, k=k_)
+    k_ = k_ + formula(kick, dt=dt, F=F, q=q_)
+    q1, k1 = h(q, k)
+    assert torch.allclose(q_, q1, atol=1e-12) and torch.allclose(k_, k1, atol=1e-12)
+    # a symplectic Jacobian's singular values pair as s, 1/s (the stretch and squeeze printed); Euler's do not
+    assert '`s`, `1/s`' in answer
+    stretch, squeeze = re.search(r'a stretch by ([\d.]+) comes with a squeeze by ([\d.]+)', answer).groups()
+    assert (float(stretch), float(squeeze)) == (rows['leapfrog', 'float64'][5], rows['leapfrog', 'float64'][4])
     assert abs(rows['leapfrog', 'float64'][4] * rows['leapfrog', 'float64'][5] - 1) < 0.01
     assert abs(rows['euler', 'float64'][4] * rows['euler', 'float64'][5] - 1) > 0.5
-    # 3: the change is first order, the formula's error and Euler's difference second; Euler's is "3% of the change"
-    rows = exercise_3_rows(exercise_output(printed, 3))
-    for column, order in ((1, 1), (2, 2), (3, 2)):
-        assert all(abs(math.log2(a[column] / b[column]) - order) < 0.1 for a, b in zip(rows, rows[1:]))
-    percent, at = re.search(r'(\d+)% of the change at `dt = ([\d.]+)`', answers[3]).groups()
+    # correction B: a palindrome of steps that are not exact sub-flows (two Euler steps of dt/2) does not return
+    two_halves = hamiltonian('euler', steps=2, nh=1)
+    assert not torch.allclose(two_halves(*two_halves(q, k), dt=-two_halves.dt)[0], q, atol=1e-3)
+    # Euler's det J = det(I + dt^2 Hess V) (Hess V: the Hessian of V, a matrix; V below a unit)
+    assert '`det J != 0`' in answer
+    det = stated_formula(r"Euler's single step has `det J = (.*?)`", answer)
+    h = hamiltonian('euler', hs=4, nh=1)
+    x = torch.randn(8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    hess = torch.autograd.functional.hessian(lambda q: h.V(q.view(1, 1, 1, 4)).sum(), x[:4])
+    dt = h.dt.item()
+    assert abs(jacobian_det(h, 4) - formula(det, det=torch.linalg.det, I=torch.eye(4, dtype=torch.float64), dt=dt,
+                                            Hess=hess, V=1).item()) < 1e-10
+    # undoing Euler means solving the stated equation: it holds at the step's start and end
+    lhs, rhs = re.search(r'solving `(.*?) = (.*?)` for `q`', answer).groups()
+    q1, k1 = h(q[..., :4], k[..., :4])
+    assert torch.allclose(formula(lhs, q=q[..., :4], dt=h.dt.view(-1, 1, 1), F=h.force),
+                          formula(rhs, q1=q1, k1=k1, dt=h.dt.view(-1, 1, 1)), atol=1e-12)
+    # the quadratic potential: Euler's det J is the stated 1 + c dt^2, never 0 for c > 0, 0 at the stated dt for c < 0
+    quadratic = stated_formula(r'the determinant is `(.*?)`', answer)
+    vanishes = stated_formula(r'vanishes at `dt = (.*?)`', answer)
+    for c, dt in ((2.0, 0.3), (2.0, 5.0), (-2.0, 0.3), (-2.0, formula(vanishes, c=-2.0))):
+        h = spring('euler', dt, c=c)
+        J = torch.autograd.functional.jacobian(lambda x: torch.cat(h(x[:1].view(1, 1, 1, 1), x[1:].view(
+            1, 1, 1, 1)), -1).flatten(), torch.tensor([0.7, 0.2], dtype=torch.float64))
+        assert abs(torch.linalg.det(J).item() - formula(quadratic, c=c, dt=dt)) < 1e-12
+    assert abs(formula(quadratic, c=-2.0, dt=formula(vanishes, c=-2.0))) < 1e-12
+    # the free force: its Jacobian is the stated A diag(silu'(W q + b)) W, not symmetric; ex2 shows how far off
+    mlp = M.HeadMLP(1, 4, 6, 4, w_std=1.0).double()
+    with torch.no_grad():
+        mlp.b.normal_()
+    assert "`df/dq = A diag(silu'(W q + b)) W`" in answer
+    x = torch.randn(4, dtype=torch.float64)
+    J = torch.autograd.functional.jacobian(lambda q: mlp(q.view(1, 1, 4)).flatten(), x)
+    A, W, b = mlp.a[0], mlp.W[0], mlp.b[0, 0]
+    assert torch.allclose(J, A @ torch.diag(M.silu_grad(W @ x + b)) @ W, atol=1e-12) and (J - J.T).abs().max() > 0.1
+    free = rows['free-force', 'float64']
+    assert number_in(r'fails, by ([\d.e+]+) here', answer) == free[6] and free[6] > 1 and free[1] < 1e-12
+    assert abs(free[2] - 1) < 1e-3 and abs(free[3] - 1) < 1e-3
+
+
+def test_lab_answer_3_the_scores_hold_their_formulas(lab):
+    answer = lab_section(3, lab_text('ANSWERS.md'))
+    h = hamiltonian('leapfrog', nh=1)
+    q, k = qk_pair(nh=1)
+    q1_exact = stated_formula(r'exactly `q1 = (.*?)`', answer)
+    k1_first = stated_formula(r'to first order, `k1 = (.*?)`', answer)
+    scores = stated_formula(r'`q1_i \. k1_j = (.*?)` up to', answer)
+    residual = {}
+    for dt in (0.1, 0.05, 0.025):
+        dt_ = torch.full((1,), dt, dtype=torch.float64)
+        q1, k1 = h(q, k, dt=dt_)
+        assert torch.allclose(q1, formula(q1_exact, q=q, k=k, dt=dt, F=h.force), atol=1e-12)  # exact
+        F = lambda x: h.force(x.view(1, 1, -1)).flatten()  # noqa: E731  a token's force
+        first = torch.tensor([[formula(scores, q_i=q[0, 0, a], k_j=k[0, 0, b], k_i=k[0, 0, a], q_j=q[0, 0, b], dt=dt,
+                                       F=F).item() for b in range(q.size(2))] for a in range(q.size(2))])  # (T, T)
+        residual[dt] = ((q1[0, 0] @ k1[0, 0].T - first.double()).abs().max().item(),
+                        (k1 - formula(k1_first, k=k, dt=dt, F=h.force, q=q)).abs().max().item())
+    for a, b in ((0.1, 0.05), (0.05, 0.025)):  # both second order: a quarter per halving
+        assert all(3.3 < x / y < 4.7 for x, y in zip(residual[a], residual[b])), residual
+    rows, _ = exercise_3_rows(lab_output(lab, 3))
+    percent, at = re.search(r'`O\(dt\^2\)`: (\d+)% of the change at `dt = ([\d.]+)`', answer).groups()
     row = next(row for row in rows if row[0] == float(at))
     assert abs(100 * row[3] / row[1] - int(percent)) < 0.5
-    # 4: silu' has the stated series (to order z^4), and the claimed growth law is what the smallest spreads show,
-    # the growth slowing from there as SiLU bends away
-    series = re.search(r"`silu'\(z\) = (.*?) \+ \.\.\.`", answers[4]).group(1)
+
+
+def silu_derivatives(z, n=3):  # silu', silu'', silu''' at z, by autograd
+    z = torch.tensor(z, dtype=torch.float64, requires_grad=True)
+    out, y = [], F.silu(z)
+    for _ in range(n):
+        (y,) = torch.autograd.grad(y, z, create_graph=True)
+        out.append(y.item())
+    return out
+
+
+def test_lab_answer_4_the_linear_regime_holds_its_series_and_growth_laws(lab):
+    answer = lab_section(4, lab_text('ANSWERS.md'))
+    rows, slopes = exercise_4_rows(lab_output(lab, 4))
+    series = stated_formula(r"`silu'\(z\) = (.*?) \+ \.\.\.`", answer)
     for z in (0.01, -0.02):
-        assert abs(eval(series.replace('^', '**'), {'__builtins__': {}}, {'z': z}) - M.silu_grad(
-            torch.tensor(z, dtype=torch.float64)).item()) < 1e-8
-    factor, power = map(int, re.search(r'`spread\^(\d)`, (\d+)x per doubling', answers[4]).groups()[::-1])
-    growth = [g for _, _, g in exercise_4_rows(exercise_output(printed, 4))[1:]]
-    assert factor == 2 ** power and abs(growth[0] / factor - 1) < 0.05
-    assert growth == sorted(growth, reverse=True) and growth[-1] < factor / 4
+        assert abs(formula(series, z=z) - silu_derivatives(z, 1)[0]) < 1e-7
+    growth = [g for _, _, g in rows[0.0][1:]]
+    power, factor = map(int, re.search(r'grows like `spread\^(\d)`, (\d+)x per doubling', answer).groups())
+    assert factor == 2 ** power and abs(growth[0] / factor - 1) < 0.05 and abs(slopes[0.0] - power) < 0.1
+    assert growth == sorted(growth, reverse=True) and growth[-1] < factor / 4  # slowing as SiLU bends away
+    # correction C: with b != 0, silu'(b + z) has the stated z^2 term, silu'''(b) z^2/2 (silu''' vanishes only at 0)
+    term = stated_formula(r'has a `z\^2` term, `(.*?)`', answer)
+    for b in (0.0, 0.5):
+        third = silu_derivatives(b)[2]
+        for z in (1e-3, 2e-3):  # silu'(b + z) - silu'(b) - silu''(b) z: the z^2 term and o(z^2)
+            d1, d2, _ = silu_derivatives(b)
+            rest = silu_derivatives(b + z, 1)[0] - d1 - d2 * z
+            assert abs(rest - formula(term.replace("silu'''(b)", 'third'), third=third, z=z)) < 1e-8
+    assert abs(silu_derivatives(0.0)[2]) < 1e-12 and abs(silu_derivatives(0.5)[2]) > 0.05
+    power, factor = map(int, re.search(r'grows like `spread\^(\d)`, (\d+)x per doubling\. The script', answer).groups())
+    biased = [g for _, _, g in rows[0.5][1:]]
+    assert factor == 2 ** power and abs(biased[0] / factor - 1) < 0.05 and abs(slopes[0.5] - power) < 0.1
+    assert number_in(r'shows ([\d.]+)x at the smallest', answer) == biased[0]
 
 
-def test_exercise_5_prints_what_its_look_for_reads(printed):
-    # trained here for 20 iterations, not the quick start's 2,000: the form of its output, not its numbers
-    out = exercise_output(printed, 5)
-    layers = re.findall(r'layer (\d): nonlinear [\d.]+%, dt \[', out)
-    heads = re.findall(r'head (\d): total variation [\d.]+, argmax flips \d+/48, corr\(change, k_i.k_j\) [-+]\d', out)
-    assert layers == [str(i) for i in range(len(layers))] and heads == [str(i) for i in range(len(heads))]
-    assert len(layers) >= 2 and len(heads) >= 2
-    line = re.search(r'\non: (.*)\n', out).group(1)
-    assert len(line.encode()) == 48 and '\n' not in line  # one line of the validation text, named by Look for
+def test_lab_answer_5_the_learned_model_holds_its_numbers_and_formulas(lab):
+    answer = lab_section(5, lab_text('ANSWERS.md'))
+    # the diagonal gains the stated term (with the force term and O(dt^2) the whole change): second order left over
+    gain = stated_formula(r'the diagonal gains `(.*?)` from the first term', answer)
+    h = hamiltonian('leapfrog', nh=1)
+    q, k = qk_pair(nh=1)
+    left = []
+    for dt in (0.02, 0.01):
+        q1, k1 = h(q, k, dt=torch.full((1,), dt, dtype=torch.float64))
+        for i in range(q.size(2)):
+            q_i, k_i = q[0, 0, i], k[0, 0, i]
+            change = q1[0, 0, i] @ k1[0, 0, i] - q_i @ k_i
+            force = dt * q_i @ h.force(q_i.view(1, 1, -1)).flatten()
+            left.append((dt, i, (change - force - formula(gain, dt=dt, k_i=k_i)).abs().item()))
+    total = lambda dt: sum(e for at, _, e in left if at == dt)  # noqa: E731  over the tokens
+    assert 3.3 < total(0.02) / total(0.01) < 4.7
+    # correction D: the numbers, from the lab's copy of a quick-start run
+    _, heads = exercise_5_rows(lab_output(lab, 5))
+    rows = re.search(r'largest gain in only (\d+) to (\d+) of the (\d+) rows', answer).groups()
+    assert tuple(map(float, rows)) == (min(h[3] for h in heads), max(h[3] for h in heads), 48)
+    alone, first = re.search(r'explains R\^2 of ([\d.]+ to [\d.]+) of the score changes, and the whole first-order '
+                             r'formula ([\d.]+ to [\d.]+)', answer).groups()
+    for stated_range, column in ((alone, 4), (first, 5)):
+        low, high = map(float, stated_range.split(' to '))
+        assert (low, high) == (min(h[column] for h in heads), max(h[column] for h in heads))
+    # correction E: a shift of k drops out of the softmax with learned positions, not with rope; one of q never does;
+    # the diagnostic's affine fit calls a shift of q linear
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 1, 2, 8, 16).unbind(0)
+    c = torch.randn(16)
+    attention = lambda q, k: (q @ k.transpose(-1, -2)).masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(),
+                                                                   float('-inf')).softmax(-1)
+    rope = M.Rotary(16, 8)
+    assert (attention(q, k + c) - attention(q, k)).abs().max() < 1e-6
+    assert (attention(rope(q, 0), rope(k + c, 0)) - attention(rope(q, 0), rope(k, 0))).abs().max() > 1e-2
+    assert (attention(q + c, k) - attention(q, k)).abs().max() > 1e-2
+
+    class Shift(nn.Module):  # q + c: what c_attn, with no bias, cannot do
+        def forward(self, q, k):
+            return q + 1.0, k
+    model = build('coupled')
+    for blk in model.transformer.h:
+        blk.attn.qk = Shift()
+    assert all(s['nonlinear'] < 1e-6 for s in qk_diagnostics(model, idx_batch()))
+    assert model.config.bias is False and 'is therefore a lower bound' in answer
 
 
-def test_exercise_6_an_integrator_of_ones_own_is_checked_and_trains(monkeypatch):
-    # the open-ended exercise as written: its addition to model.py (a copy of leapfrog), run in model's namespace as
-    # if appended to the file, then exercise 1's harness on it and a few training steps of --attn=mine
-    if not hasattr(M, 'INTEGRATORS'):
-        pytest.skip('needs the integrator table (INTEGRATORS) in model.py')
-    for table in ('INTEGRATORS', 'QK_TRANSFORMS'):  # copies: the entries go away after this test
-        monkeypatch.setattr(M, table, type(getattr(M, table))(getattr(M, table)))
-    exec(snippet(exercises()[6][1]), dict(vars(M)))
-    pendulum = snippet(exercises()[1][1]).replace("for name in ('leapfrog', 'euler'):", "for name in ('mine',):")
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(pendulum.split('try:')[0], {'__name__': '__main__'})  # the harness, not the picture
-    e = dict(re.findall(r'mine +dt=([\d.]+): largest energy error (\S+)', out.getvalue()))
-    assert 3.5 < float(e['0.1']) / float(e['0.05']) < 4.5  # as leapfrog's: order 2
-    model = build('mine')
-    opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), 'cpu')
-    idx = idx_batch(B=4)
-    losses = []
-    for _ in range(6):
-        loss = model(idx[:, :-1], targets=idx[:, 1:])[1]
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0] and flops_per_token(tiny('mine'), 16) > flops_per_token(tiny('standard'), 16)
+def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_tabulates(lab, monkeypatch):
+    # the template as if appended to model.py: its claims checked as `pytest -k mine` checks them
+    assert 'mine' not in INTEGRATORS and 'mine' not in QK_TRANSFORMS  # a new name: a built-in's is refused
+    try:
+        exec(lab_text('ex6_mine.py'), dict(vars(M)))
+        assert 3.5 < check_promises('mine') < 4.5  # order 2, as leapfrog's
+        counted, priced = counted_and_priced_matmul_flops('mine', 2)
+        assert counted == priced > 0
+    finally:
+        INTEGRATORS.pop('mine', None), QK_TRANSFORMS.pop('mine', None)
+    # exercise 2 takes it as an argument (as exercise 1 does): its row is leapfrog's
+    rows = exercise_2_rows(lab_output(lab, 2))
+    assert rows['mine', 'float64'] == rows['leapfrog', 'float64']
+    # the launcher: the runs, then bench.py's table of them
+    out, error, repo = lab['launcher']
+    assert error.endswith('(exit 0)'), error[-2000:]
+    assert 'training 1 runs, 2 at a time' in out and '| pydocs | mine | 1 |' in out  # then bench.py's table
+    runs = repo / 'runs' / 'mine'
+    assert (runs / 'mine-s1' / 'ckpt.pt').exists() and (runs / 'mine-s1.log').exists()
+    # the answer's claims about the steps students pick: drift-kick-drift, Runge-Kutta
+    answer = lab_section(6, lab_text('ANSWERS.md'))
+
+    def dkd(h, q, k, dt, kick=None):
+        q = q + dt / 2 * k
+        k = k + h.force(q, dt)
+        return q + dt / 2 * k, k, None
+
+    def rk4(h, q, k, dt, kick=None):  # the classical fourth-order Runge-Kutta step of q' = k, k' = F(q)
+        k1q, k1k = k, h.force(q)
+        k2q, k2k = k + dt / 2 * k1k, h.force(q + dt / 2 * k1q)
+        k3q, k3k = k + dt / 2 * k2k, h.force(q + dt / 2 * k2q)
+        k4q, k4k = k + dt * k3k, h.force(q + dt * k3q)
+        return q + dt / 6 * (k1q + 2 * k2q + 2 * k3q + k4q), k + dt / 6 * (k1k + 2 * k2k + 2 * k3k + k4k), None
+    assert 'Drift-kick-drift is symplectic, symmetric and of order 2, with one force a step' in answer
+    assert 'Runge-Kutta step is of order 4 but neither symplectic nor symmetric' in answer
+    monkeypatch.setitem(M.INTEGRATORS, 'dkd', Integrator(dkd, symplectic=True, symmetric=True, order=2))
+    check_promises('dkd')
+    # Runge-Kutta: its state's error is fourth order, its energy's falls the stated factor per halving of dt, so the
+    # order check (which measures the energy's) refutes a claim of 4 and takes the stated one
+    state = []
+    for dt in (0.1, 0.05, 0.00625):
+        h = Pendulum(1, 1, 1, round(2 / dt), 'euler', dt=dt).double()  # to time 2 in one call, then stepped by rk4
+        monkeypatch.setattr(h, 'step', lambda q, k, dt, kick=None, h=h: rk4(h, q, k, dt))
+        with torch.no_grad():
+            h.dt.fill_(dt)
+        state.append(torch.cat(h(torch.ones(1, 1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, 1, 1,
+                                                                                              dtype=torch.float64))))
+    assert 14 < (state[0] - state[2]).norm() / (state[1] - state[2]).norm() < 18  # 2^4
+    factor, claim = re.search(r'falls about (\d+)x per halving of `dt`, so a claim of order 4 fails.*?claim of (\d)',
+                              answer).groups()
+    monkeypatch.setitem(M.INTEGRATORS, 'rk4', Integrator(rk4, symplectic=False, symmetric=False, order=int(claim)))
+    ratio = check_promises('rk4')
+    assert abs(ratio / int(factor) - 1) < 0.05 and not 0.7 * 2 ** 4 < ratio < 1.4 * 2 ** 4  # check_promises refutes 4
+    calls = []
+
+    class Counted(Hamiltonian):
+        def force(self, q, scale=1.0):
+            calls.append(1)
+            return super().force(q, scale)
+    hamiltonian('dkd', 3, cls=Counted)(*qk_pair())
+    assert len(calls) == 3  # one force a step
+
+
