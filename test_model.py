@@ -16,6 +16,7 @@ import itertools
 import json
 import math
 import os
+import platform
 import re
 import shlex
 import signal
@@ -954,15 +955,20 @@ def read_bin(path):
     return np.fromfile(path, dtype=np.uint16)
 
 
+PREPARED = {}  # corpus: {split: sha256 of its token file}, as prepared in full
+
+
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory):
     """A small real corpus: Python's own docs (offline), bytes tokenizer, cut to 300k/8k tokens so runs are quick."""
     d = tmp_path_factory.mktemp('data')
     meta = prepare_data.prepare('pydocs', data_dir=str(d))
+    PREPARED['pydocs'] = {s: prepare_data.sha256_of(d / 'pydocs' / f'{s}.bin') for s in meta['tokens']}
     for split, n in (('train', 300_000), ('val', 8_000)):
         tokens = read_bin(d / 'pydocs' / f'{split}.bin')[:n]
         tokens.tofile(d / 'pydocs' / f'{split}.bin')
         meta['tokens'][split], meta['bytes'][split] = len(tokens), int((tokens != 256).sum())  # 256: end of text
+    meta['fingerprint'] = prepare_data.fingerprint({s: d / 'pydocs' / f'{s}.bin' for s in meta['tokens']})
     (d / 'pydocs' / 'meta.json').write_text(json.dumps(meta))
     return str(d)
 
@@ -988,7 +994,7 @@ def test_prepare_round_trip_gpt2_through_offline_cache(tmp_path):
     if not os.environ.get('TIKTOKEN_CACHE_DIR'):
         pytest.skip('TIKTOKEN_CACHE_DIR is not set: the gpt2 tokenizer would need the network')
     import tiktoken
-    docs = [{'text': f"Abstract {i}: coupled dynamics of queries and keys, trial {i}.\n" * (i + 1)} for i in range(30)]
+    docs = [{'text': f"Abstract {i:02}: coupled dynamics of queries and keys, trial {i:02}.\n" * 3} for i in range(30)]
     src = tmp_path / 'abstracts.jsonl'
     src.write_text('\n'.join(json.dumps(d) for d in docs) + '\n')
     meta = prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path / 'data'), tokenizer='gpt2')
@@ -1017,7 +1023,7 @@ def test_prepare_does_not_redo_finished_work(tmp_path):
 def test_prepare_failure_leaves_no_partial_output(tmp_path, monkeypatch):
     src = tmp_path / 'docs'
     src.mkdir()
-    (src / 'a.jsonl').write_text('{"text": "one"}\n{"text": "two"}\n')
+    (src / 'a.jsonl').write_text(json.dumps({'text': 'one ' * 200}) + '\n' + json.dumps({'text': 'two ' * 200}))
     prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path / 'data'))
     out = tmp_path / 'data' / 'docs'
     before = {f: (out / f).read_bytes() for f in os.listdir(out)}
@@ -1042,13 +1048,12 @@ def test_prepare_failure_leaves_no_partial_output(tmp_path, monkeypatch):
     assert r.returncode != 0 and not (tmp_path / 'data' / 'missing').exists()
 
 
-@pytest.mark.skipif(not hasattr(os, 'mkfifo'), reason='needs a named pipe')
 def test_prepare_ctrl_c_at_work_removes_what_it_began(tmp_path):
     src = tmp_path / 'docs'
     src.mkdir()
-    os.mkfifo(src / 'a.txt')  # reading it waits for a writer that never comes: the run is at work when stopped
-    p = subprocess.Popen([sys.executable, 'prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}'],
-                         cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    (src / 'a.jsonl').write_text('{"text": "one"}\n')
+    stuck = 'import json, time\njson.loads = lambda *a, **k: time.sleep(120)'  # at work, reading, when stopped
+    p = start('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}', patch=stuck)
     wait_for(tmp_path / 'data' / 'docs', timeout=30)
     time.sleep(0.2)  # past the folder's creation, into the read
     p.send_signal(signal.SIGINT)
@@ -1056,6 +1061,75 @@ def test_prepare_ctrl_c_at_work_removes_what_it_began(tmp_path):
     assert p.returncode == 130 and 'Traceback' not in err, err
     assert err.strip() == 'interrupted: no partial output was kept; run the same command again'
     assert not (tmp_path / 'data').exists()  # the folders it made are gone
+
+
+@pytest.mark.skipif(not hasattr(os, 'mkfifo'), reason='needs a named pipe')
+def test_prepare_reads_linked_folders_skips_special_files_and_a_bom_in_one_line(tmp_path):
+    src, other = tmp_path / 'docs', tmp_path / 'other'
+    src.mkdir(), other.mkdir()
+    os.mkfifo(src / 'a.txt')  # reading it would wait for a writer that never comes
+    (src / 'b.jsonl').write_text('\ufeff' + json.dumps({'text': TEXT}) + '\n', encoding='utf-8')  # a BOM first
+    (other / 'c.txt').write_text(TEXT)
+    os.symlink(other, src / 'linked')
+    os.symlink(src, other / 'loop')  # a loop of links: each folder read once
+    r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}', timeout=60)
+    assert r.returncode == 0 and r.stdout.count('note: skipped') == 1 and 'a.txt: not a regular file' in r.stdout
+    tokens = np.concatenate([read_bin(tmp_path / 'data' / 'docs' / f'{s}.bin') for s in ('train', 'val')])
+    assert (tokens == 256).sum() == 3 and len(tokens) == 2 * len(TEXT.encode()) + 3  # b, c, and c's cut
+    # a dotfile names its folder without the dot; debris that names no process is left alone
+    (tmp_path / '.notes.txt').write_text(TEXT)
+    (tmp_path / 'data' / 'notes').mkdir()
+    (tmp_path / 'data' / 'notes' / 'junk.tmp99999999999999999999').write_text('mine')
+    r = run('prepare_data.py', f'--input={tmp_path / ".notes.txt"}', f'--data_dir={tmp_path / "data"}')
+    assert r.returncode == 0 and (tmp_path / 'data' / 'notes' / 'junk.tmp99999999999999999999').exists()
+
+
+@pytest.mark.parametrize('docs', [['a' * 10_000, 'b\n' * 45_000], ['Title\n', 'x' * 60_000], ['', 'word ' * 400],
+                                  ['one line\n' * 500], ['same\n' * 100] * 40])
+@pytest.mark.parametrize('val_fraction', [0.1, 0.3])
+def test_splits_hold_val_fraction_of_the_text_within_the_tolerance(docs, val_fraction):
+    if len(docs) == 2 and docs[0] == 'Title\n':  # one document of a title line and 60 KB without line ends
+        docs = [''.join(docs)]
+    splits = prepare_data.split_train_val(docs, val_fraction)
+    train, val = (''.join(splits[s]) for s in ('train', 'val'))
+    assert sorted(train + val) == sorted(''.join(docs))  # every character once
+    assert abs(len(val) / len(train + val) - val_fraction) <= prepare_data.TOLERANCE * val_fraction
+
+
+def test_a_split_too_small_to_train_or_evaluate_on_is_refused(tmp_path):
+    (tmp_path / 'tiny.txt').write_text('x' * 300)  # val: 30 bytes
+    with pytest.raises(prepare_data.DataError, match='val split would hold only 31 tokens.*larger --val_fraction'):
+        prepare_data.prepare(None, input=str(tmp_path / 'tiny.txt'), data_dir=str(tmp_path))
+    assert not (tmp_path / 'tiny').exists()
+
+
+PINNED = {  # sha256 of the README's corpora's token files, as prepared since the laptop table's runs
+    'shakespeare': ('tinyshakespeare/input.txt', 'f15494575ff4787ada05a2f612ca4aed7bc4ff26df0f824c2832b3051c7889aa',
+                    'c05585963b772a0c69463c68b510fe39e162322d6f30b0c3a297f2ebc250f818'),
+    'pubmed': ('pubmed/ori_pqal.json', '4e85f43e2913355a9171a66c0ee1cd1a1003b27d27805ccb8bf953f5108dceb3',
+               '305a4e61b5eb726da0800cf796f8b9efaa9c8d355c9282a9ef2cbbad3bacbfde'),
+    'web': ('web/c4-sample.00000-of-00001.json.gz', '12e9563bd61f85f27878c3c1f13ce5d25fb801b4a0e111566b8b4275e7a1a5c4',
+            '70ca8d58f88308201d1d39ae0c460d65fa7e4f2df4cc433b75cb556c79c55f1a'),
+    'pydocs': ('3.11.7', 'e931b7c5241eb0b313934b87cfe34e55594796c8903f50302c31f1953eeff005',  # this Python's docs
+               '5532d1eb6ee1913bd0a0f3efe51f7af87c0df2d95999249766c710f078fb3446'),
+}
+
+
+@pytest.mark.parametrize('name', PINNED)
+def test_the_readme_corpora_split_as_they_always_did(corpus, tmp_path, name):
+    # WikiText comes split: its splits are the archive's files, as test_wikitext_zip_with_the_archives_layout checks
+    source, *want = PINNED[name]
+    if name == 'pydocs':
+        if platform.python_version() != source:
+            pytest.skip(f"pydocs is pinned for Python {source}'s docs")
+        assert [PREPARED['pydocs'][s] for s in ('train', 'val')] == want
+        return
+    path = os.path.join(os.path.dirname(HERE), 'shared', 'data', source)  # the project's offline copies, if here
+    if not os.path.exists(path):
+        pytest.skip(f"no offline copy of {name}'s source here")
+    meta = prepare_data.prepare(name, input=path, data_dir=str(tmp_path))
+    assert [prepare_data.sha256_of(tmp_path / name / f'{s}.bin') for s in ('train', 'val')] == want
+    assert meta['fingerprint'] == prepare_data.fingerprint({s: tmp_path / name / f'{s}.bin' for s in meta['tokens']})
 
 
 def test_prepare_removes_what_a_killed_run_left(tmp_path):
