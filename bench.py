@@ -56,7 +56,7 @@ def well_typed(r):  # the fields the report reads have the types it expects
     num = lambda x: type(x) in (int, float)  # not a bool
     qk = r.get('qk', [])
     return (isinstance(r.get('event'), str) and isinstance(r.get('config', {}), dict) and isinstance(qk, list)
-            and all(num(r.get(k, 0)) for k in ('iter', 'tokens', 'val_loss', 'val_ppl', 'ms'))
+            and all(num(r.get(k, 0)) for k in ('iter', 'model_iter', 'tokens', 'val_loss', 'val_ppl', 'ms'))
             and all(isinstance(s, dict) and num(s.get('nonlinear')) and isinstance(s.get('dt', []), list)
                     and all(map(num, s.get('dt', []))) for s in qk))
 
@@ -76,8 +76,8 @@ def read_log(path):
     return records
 
 
-def find_logs(folders):  # each folder once, by its real path: overlapping folders, symlink loops
-    seen, logs = set(), []
+def find_logs(folders):  # each folder and log once, by its real path: overlapping folders, symlinks, their loops
+    seen, logs = set(), {}
     for top in folders:
         for d, subdirs, files in os.walk(top, followlinks=True):
             if os.path.realpath(d) in seen:
@@ -85,17 +85,28 @@ def find_logs(folders):  # each folder once, by its real path: overlapping folde
                 continue
             seen.add(os.path.realpath(d))
             if 'metrics.jsonl' in files + subdirs:
-                logs.append(os.path.join(d, 'metrics.jsonl'))
-    return sorted(logs)
+                logs.setdefault(os.path.realpath(os.path.join(d, 'metrics.jsonl')), []).append(
+                    os.path.join(d, 'metrics.jsonl'))
+    for paths in logs.values():
+        if len(paths) > 1:
+            print(f"note: {' and '.join(sorted(paths))} are one file (a link); counted once", file=sys.stderr)
+    return sorted(min(paths) for paths in logs.values())
 
 
 def standing(log):
-    """The records up to the last final; a start at iteration N (a resume) voids those past N (lost work)."""
-    kept = []
+    """The records up to the last final; a start at iteration N (a resume) voids those past N (lost work), but not a
+    final that scored a model of iteration N or before (a best-only checkpoint, which the resume continues).
+    None: the records are out of order (a start first, then iterations that never go back but at a start)."""
+    kept, last = [], -math.inf
     for r in log:
         if r['event'] == 'start':
-            kept = [k for k in kept if k.get('iter', 0) <= r.get('iter', math.inf)]
+            at = r.get('iter', math.inf)
+            kept = [k for k in kept if k.get('iter', 0) <= at or k['event'] == 'final' and k.get('model_iter', at + 1) <= at]
+            last = at
+        elif not kept or r.get('iter', last) < last:
+            return None
         kept.append(r)
+        last = r.get('iter', last)
     return kept[:max((i + 1 for i, r in enumerate(kept) if r['event'] == 'final'), default=0)]
 
 
@@ -108,6 +119,10 @@ def load_runs(folders):
             log = standing(read_log(path))
         except OSError as e:  # a folder of that name
             print(f"note: {path}: {e.strerror or e}; left out", file=sys.stderr)
+            continue
+        if log is None:
+            print(f"note: {path}: its records are out of order (an iteration before an earlier one); left out",
+                  file=sys.stderr)
             continue
         start = [r for r in log if r['event'] == 'start' and 'config' in r]
         final = log[-1] if start else {}
@@ -127,10 +142,15 @@ def load_runs(folders):
         if changed:
             label += f" [resumed: {changed}]"
             print(f"note: {path}: resumed with other settings; a row of its own", file=sys.stderr)
+        if final.get('model_iter', final.get('iter')) != final.get('iter'):
+            print(f"note: {path}: its result is its best-only checkpoint's model, iteration {final['model_iter']} of "
+                  f"{final['iter']}", file=sys.stderr)
         evals = [r for r in log if r['event'] == 'eval' and 'val_loss' in r and 'tokens' in r]
         ms = [r['ms'] for r in log if r['event'] == 'train' and 'ms' in r]
-        runs.append(dict(path=path, label=label, corpus=str(cfg.get('dataset', '?')), config=cfg, final=final,
-                         kind=sets[-1] | {'tokens': final['tokens']}, evals=evals, ms=ms))
+        text = [s['fingerprint'][:12] for s in start if isinstance(s.get('fingerprint'), str)][-1:]  # (older: none)
+        runs.append(dict(path=path, label=label, corpus=str(cfg.get('dataset', '?')), final=final, evals=evals, ms=ms,
+                         config=cfg | {'seed': start[0]['config'].get('seed')},  # a resume continues the run's RNG
+                         kind=sets[-1] | {'tokens': final['tokens']} | ({'fingerprint': text[0]} if text else {})))
     return runs
 
 
@@ -146,6 +166,10 @@ def group_runs(runs):
             if r['kind'] not in kinds:
                 kinds.append(r['kind'])
         differ = sorted({k for a in kinds for b in kinds for k in set(a) | set(b) if a.get(k) != b.get(k)})
+        if 'fingerprint' in differ:
+            notes.append(f"warning: {corpus}/{label}: its runs trained on different texts under the name {corpus} "
+                         f"(corpus fingerprints {', '.join(sorted({str(k.get('fingerprint')) for k in kinds}))}); "
+                         f"never averaged")
         if len(kinds) > 1:
             notes.append(f"note: {corpus}/{label}: its runs are not all alike ({', '.join(differ)} differ); "
                          f"shown as {len(kinds)} rows")
@@ -156,6 +180,7 @@ def group_runs(runs):
 
 
 SHAPE = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'pos', 'vocab_size')
+BASE = SHAPE + ('fingerprint',)  # a baseline: standard of the same shape, on the same text
 BATCHES = ('eval_iters', 'batch_size', 'block_size', 'dataset')  # equal: the estimates score the same batches
 
 
@@ -182,7 +207,7 @@ def token_ratio(row, rows, corpus):
     """'standard tokens to match' (the paper's "2.4x"): the tokens the longest comparable standard row needs to
     reach this row's final estimate, over this row's tokens; '> N': never. Returns (ratio, that row's key)."""
     refs = [k for k, r in rows.items() if k[0] == corpus and r['kind'].get('attn') == 'standard'
-            and agree(r['kind'], row['kind'], SHAPE) and curve(r)
+            and agree(r['kind'], row['kind'], BASE) and curve(r)
             and agree(r['runs'][0]['config'], row['runs'][0]['config'], BATCHES)]
     last = [r['evals'][-1]['val_loss'] for r in row['runs'] if r['evals']]
     if not refs or not last:
@@ -218,7 +243,7 @@ def report(folders, plot):
         if len(p) > 1 and all(map(math.isfinite, p)):  # no spread with a diverged seed's inf
             spread += f" +- {stdev(p):.3f}"
         base = min((k for k, b in rows.items() if k[0] == corpus and b['label'] == 'standard'
-                    and agree(b['kind'], row['kind'], SHAPE)),
+                    and agree(b['kind'], row['kind'], BASE)),
                    key=lambda k: rows[k]['kind']['tokens'] != tokens, default=None)  # same tokens first
         rel = '-'
         if base:
@@ -513,7 +538,9 @@ def main():
     p.add_argument('--out', default='runs/gpu-check', help='--gpu_check: its runs go in a new folder under this one')
     p.add_argument('--data_dir', default='data', help='--gpu_check: where pydocs is (prepared if missing)')
     args = p.parse_args()
-    if args.plot and not (args.report and os.path.splitext(args.plot)[1]):
+    if args.report is not None and not all(args.report.split(',')):
+        p.error(f"--report={args.report!r} names an empty folder; name the run folders, e.g. --report=runs")
+    if args.plot is not None and not (args.report and os.path.splitext(args.plot)[1]):
         p.error("--plot draws the runs of --report into a file named by its format: --report=runs --plot=curves.png")
     if args.report:
         return report(args.report.split(','), args.plot)
@@ -535,6 +562,12 @@ def main():
             if x not in known:
                 p.error(f"--{flag}: {x!r} is not one of {', '.join(known)}")
     variants = ['standard'] + [v for v in variants if v != 'standard']  # first: every ratio is against it
+    for v in variants:  # the model's own checks, as train.py makes them
+        try:
+            GPTConfig(attn=v, block_size=max(args.block_size, args.new_tokens + 1), vocab_size=args.vocab_size,
+                      qk_steps=args.qk_steps, qk_hidden=args.qk_hidden, **PRESETS[args.preset])
+        except ValueError as e:
+            p.error(str(e))
     device = args.device if args.device != 'auto' else 'cuda' if torch.cuda.is_available() else 'cpu'
     if device.split(':')[0] not in ('cpu', 'cuda', 'mps'):
         p.error(f"--device={device} is unknown; use auto, cpu, cuda, cuda:N or mps")
