@@ -9,28 +9,29 @@ without the KV cache) next to the FLOP model's ratio; tabulate and plot train.py
   python bench.py --plan                              # the GPU recipe: commands, tokens, GPU time
   python bench.py --gpu_check                         # on one GPU, ~10 minutes: speed, MFU and loss at 60m
 """
-import argparse
-import ctypes
-import ctypes.util
-import json
-import math
 import os
 import signal
-import subprocess
-import sys
-import time
-from contextlib import nullcontext
-from itertools import groupby
-from statistics import mean, median, stdev
 
 
-def on_ctrl_c(signum, frame):  # Ctrl-C during torch's slow import: one line, exit code 130
+def on_ctrl_c(signum, frame):  # Ctrl-C during the imports (torch's: slow): one line, exit code 130
     os.write(2, b"\ninterrupted\n")
     os._exit(130)
 
 
 if __name__ == '__main__':  # not when imported: the importer's handler stays
     signal.signal(signal.SIGINT, on_ctrl_c)
+
+import argparse  # noqa: E402
+import ctypes  # noqa: E402
+import ctypes.util  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
+from itertools import groupby  # noqa: E402
+from statistics import mean, median, stdev  # noqa: E402
 
 import torch  # noqa: E402
 

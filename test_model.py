@@ -6,6 +6,7 @@ user runs them: prepare_data.py, train.py (resume, evaluation, bad input, DDP, c
 README's classroom exercises.
 Run: python -m pytest -q
 """
+import ast
 import contextlib
 import dataclasses
 import gzip
@@ -1474,6 +1475,9 @@ def test_bad_data_and_checkpoints_are_refused_clearly_and_a_run_is_never_overwri
         'rng': ckpt | dict(rng=[dict(ckpt['rng'][0], torch=torch.zeros(3, dtype=torch.uint8))]),
         'names': ckpt | dict(model={k.replace('.V.W', '.V.c_fc'): v for k, v in ckpt['model'].items()}),
         'garbage': b'not a checkpoint',
+        'iter_num_negative': ckpt | dict(iter_num=-5), 'best_val_loss_nan': ckpt | dict(best_val_loss=math.nan),
+        'dtype_bogus': ckpt | dict(config=ckpt['config'] | dict(dtype='bogus')),
+        'one_rank_of_two': ckpt | dict(world_size=2),  # a 2-rank run's checkpoint with one rank's random state
     }
     for name, c in broken.items():
         os.makedirs(tmp_path / 'ck' / name)
@@ -1483,7 +1487,53 @@ def test_bad_data_and_checkpoints_are_refused_clearly_and_a_run_is_never_overwri
             torch.save(c, tmp_path / 'ck' / name / 'ckpt.pt')
     rs = scripts(*[trains(corpus, tmp_path / 'ck' / name, '--init_from=resume', '--max_iters=4') for name in broken])
     for name, r in zip(broken, rs):
-        assert one_line_error(r, 'another version of model.py' if name == 'names' else 'ckpt.pt'), (name, r.stderr)
+        words = {'names': 'another version of model.py', 'iter_num_negative': 'is corrupt: iter_num=-5',
+                 'best_val_loss_nan': 'is corrupt: best_val_loss=nan', 'dtype_bogus': "dtype='bogus' is not one of",
+                 'one_rank_of_two': 'lacks a random state per rank'}.get(name, 'ckpt.pt')
+        assert one_line_error(r, words), (name, r.stderr)
+
+
+def test_a_run_names_its_corpus_and_another_text_under_that_name_is_refused(tmp_path):
+    data, out = tmp_path / 'data', tmp_path / 'out'
+    for i, name in enumerate(('a.txt', 'b.txt')):
+        (tmp_path / name).write_text(TEXT[i:] * 3)
+    fp = prepare_data.prepare(None, input=str(tmp_path / 'a.txt'), name='sx', data_dir=str(data))['fingerprint']
+    trained, again, forced, evaluated, resumed = scripts(
+        trains(data, out, '--dataset=sx', '--max_iters=2', '--eval_interval=2'),
+        ('prepare_data.py', f'--input={tmp_path / "b.txt"}', '--name=sx', f'--data_dir={data}'),
+        ('prepare_data.py', f'--input={tmp_path / "b.txt"}', '--name=sx', f'--data_dir={data}', '--force'),
+        trains(data, out, '--eval_only=True'), trains(data, out, '--init_from=resume', '--max_iters=4'))
+    assert trained.returncode == 0 and forced.returncode == 0, trained.stderr + forced.stderr
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['fingerprint'] == fp == metrics(out)[0]['fingerprint']
+    assert one_line_error(again, 'holds sx prepared from other input (source, input_sha256 differ); --force')
+    for r in (evaluated, resumed):
+        assert one_line_error(r, f"as it was then (corpus fingerprint {fp[:12]}), and that folder now holds other")
+    assert [m['event'] for m in metrics(out)].count('start') == 1
+    # the same file, changed: needs --force too; token files changed after preparation: the loader says so
+    (tmp_path / 'b.txt').write_text(TEXT * 4)
+    with pytest.raises(prepare_data.DataError, match=r'\(input_sha256 differ\); --force'):
+        prepare_data.prepare(None, input=str(tmp_path / 'b.txt'), name='sx', data_dir=str(data))
+    tokens = read_bin(data / 'sx' / 'val.bin')
+    tokens[:2] = tokens[1::-1] + (tokens[0] == tokens[1])  # same size, same vocabulary, other text
+    tokens.tofile(data / 'sx' / 'val.bin')
+    with pytest.raises(prepare_data.DataError, match='fingerprint differs.*--force'):
+        prepare_data.load(str(data), 'sx', 32)
+
+
+def test_a_best_only_checkpoint_says_what_it_holds_and_the_final_evaluation_scores_it(corpus, tmp_path):
+    out = tmp_path / 'out'
+    assert train(corpus, out, '--max_iters=2', '--eval_interval=2').returncode == 0
+    ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
+    torch.save(ckpt | dict(best_val_loss=1e-3), out / 'ckpt.pt')  # a best estimate that no later one beats
+    extended, evaluated, seeded = scripts(
+        trains(corpus, out, '--init_from=resume', '--max_iters=4', '--eval_interval=1', '--always_save_checkpoint=False'),
+        trains(corpus, out, '--eval_only=True'), trains(corpus, out, '--init_from=resume', '--seed=2'))
+    assert extended.returncode == 0, extended.stderr
+    assert f"checkpoint {out / 'ckpt.pt'} at iteration 2 (val loss {ckpt['val_loss']:.4f}, the best" in extended.stdout
+    final = metrics(out)[-1]
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 2 and (final['iter'], final['model_iter']) == (4, 2)
+    assert f"ppl {final['val_ppl']:.3f}" in evaluated.stdout  # --eval_only scores the model the final record scored
+    assert one_line_error(seeded, '--seed=2 here but the run started with seed 1337')
 
 
 def test_non_finite_and_diverging_runs_stop_without_a_traceback(corpus, tmp_path):
@@ -1720,6 +1770,18 @@ def test_ctrl_c_during_start_up_stops_with_one_line(corpus, tmp_path, moment):
     assert last.startswith('interrupted') and err.strip() == ''
 
 
+@pytest.mark.parametrize('script', ['train.py', 'bench.py', 'prepare_data.py'])
+def test_each_script_installs_its_ctrl_c_handler_before_its_first_slow_import(script):
+    # a Ctrl-C 30 ms after the start lands in the imports: only os, signal and sys may come before the handler
+    for node in ast.parse(open(os.path.join(HERE, script)).read()).body:
+        if 'signal.signal(signal.SIGINT' in ast.unparse(node):
+            break
+        names = {a.name for a in node.names} if isinstance(node, (ast.Import, ast.ImportFrom)) else set()
+        assert names <= {'os', 'signal', 'sys'}, f"{script} imports {names} before its Ctrl-C handler"
+    else:
+        raise AssertionError(f"{script} installs no Ctrl-C handler")
+
+
 @pytest.mark.parametrize('script, module', [('bench.py', 'torch'), ('prepare_data.py', 'numpy')])
 def test_ctrl_c_during_the_imports_of_bench_and_prepare_data(tmp_path, script, module):
     # a stand-in for the slow import (torch: seconds) that says when it has begun, so the signal lands inside it
@@ -1847,12 +1909,15 @@ def test_two_trainers_never_share_an_out_dir_and_a_corpus_in_use_is_not_prepared
                                                                     ['--attn=coupled', '--seed=3'])],
                           ('prepare_data.py', f'--input={tmp_path / "other.txt"}', '--name=pydocs',
                            f'--data_dir={corpus}', '--force'))
+        os.remove(out / 'train.lock')  # deleting that file defeats nothing: the folder itself is locked
+        unlocked = run(*trains(corpus, out, '--seed=4'))
         assert first.poll() is None  # held: the refusals came while it trained
     finally:
         go.touch()  # whatever happened, the held run goes on
     for r in refused[:3]:
         assert one_line_error(r, 'is in use by a running train.py') and f'pid {first.pid}' in r.stderr, r.stderr
     assert one_line_error(refused[3], 'is being read by a running train.py'), refused[3].stderr
+    assert one_line_error(unlocked, 'is in use by a running train.py'), unlocked.stderr
     out_, err = first.communicate(timeout=240)
     assert first.returncode == 0, err[-2000:]
     log = metrics(out)
@@ -1862,6 +1927,12 @@ def test_two_trainers_never_share_an_out_dir_and_a_corpus_in_use_is_not_prepared
     assert json.load(open(os.path.join(corpus, 'pydocs', 'meta.json')))['corpus'] == 'pydocs'
     ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
     assert ckpt['iter_num'] == log[-1]['iter'] and ckpt['config']['seed'] == 1 and ckpt['config']['attn'] == 'standard'
+    # its checkpoint deleted, a new run in its folder: the finished run's log is kept, not truncated
+    before = (out / 'metrics.jsonl').read_text()
+    os.remove(out / 'ckpt.pt')
+    new = train(corpus, out, '--max_iters=1', '--seed=5')
+    assert new.returncode == 0 and f"kept as {out / 'metrics.jsonl.1'}" in new.stdout
+    assert (out / 'metrics.jsonl.1').read_text() == before and metrics(out)[0]['config']['seed'] == 5
     # started at the same moment on an empty folder: one trains, the other is refused and touches nothing
     both = [start(*trains(corpus, tmp_path / 'new', '--max_iters=6', f'--seed={s}')) for s in (1, 2)]
     ends = [(p.communicate(timeout=240)[1], p.returncode) for p in both]
@@ -1890,23 +1961,26 @@ def test_a_full_disk_while_saving_or_logging_is_one_line_and_the_last_checkpoint
 # ---------------------------------------------------------------------------------------------------------------
 # bench.py --report: rows of comparable runs, the tokens standard needs, curves
 
-def fake_run(folder, evals, final_ppl, world_size=1, **config):
+def fake_run(folder, evals, final_ppl, world_size=1, fingerprint=None, model_iter=None, **config):
     """A finished run's metrics.jsonl: a start record, evals [(tokens, val_loss)], a final record (128 tokens an
-    iteration); final_ppl=None: no final (the run stopped)."""
+    iteration); final_ppl=None: no final (the run stopped). fingerprint: its corpus's (None: an older run's log);
+    model_iter: the iteration of the model the final scored (a best-only checkpoint's)."""
     cfg = dict(dataset='pydocs', attn='standard', n_layer=2, n_head=4, n_embd=128, block_size=32, bias=False,
                pos='learned', batch_size=4, gradient_accumulation_steps=1, eval_iters=2, learning_rate=1e-3,
                max_iters=evals[-1][0] // 128, seed=1) | config
     os.makedirs(folder)
-    log_records(folder, dict(event='start', iter=0, config=cfg, world_size=world_size, tokens=0))
-    log_evals(folder, evals, final_ppl)
+    log_records(folder, dict(event='start', iter=0, config=cfg, world_size=world_size, tokens=0)
+                | ({'fingerprint': fingerprint} if fingerprint else {}))
+    log_evals(folder, evals, final_ppl, model_iter)
     return cfg
 
 
-def log_evals(folder, evals, final_ppl=None):
+def log_evals(folder, evals, final_ppl=None, model_iter=None):
     log_records(folder, *[dict(event='eval', iter=t // 128, tokens=t, val_loss=loss, qk=[]) for t, loss in evals])
     if final_ppl is not None:
         log_records(folder, dict(event='final', iter=evals[-1][0] // 128, tokens=evals[-1][0],
-                                 val_loss=math.log(final_ppl), val_ppl=final_ppl))
+                                 val_loss=math.log(final_ppl), val_ppl=final_ppl)
+                    | ({'model_iter': model_iter} if model_iter is not None else {}))
 
 
 def log_records(folder, *records):
@@ -2047,6 +2121,41 @@ def test_report_counts_each_run_once(tmp_path, capsys, monkeypatch):
     rows = report_rows(out)
     assert rows['coupled'][2] == '2' and rows['coupled'][3] == '8.550 +- 0.636'  # seeds 1 (8.0, 8.2) and 2 (9.0)
     assert rows['standard'][2] == '1' and 'pydocs/coupled: 2 runs share seed 1' in err
+
+
+def test_report_never_averages_two_corpora_and_says_which_model_and_run_it_reads(tmp_path, capsys, monkeypatch):
+    runs, a, b = tmp_path / 'runs', 'a' * 64, 'b' * 64
+    fake_run(runs / 'standard-s1', [(0, 5.0), (128, 3.0)], 8.0, fingerprint=a)
+    fake_run(runs / 'coupled-s1', [(0, 5.0), (128, 3.0)], 8.0, attn='coupled', fingerprint=a)
+    fake_run(runs / 'coupled-s2', [(0, 5.0), (128, 3.0)], 9.0, attn='coupled', seed=2, fingerprint=b)  # re-prepared
+    os.makedirs(runs / 'coupled-s3')
+    os.symlink(runs / 'coupled-s1' / 'metrics.jsonl', runs / 'coupled-s3' / 'metrics.jsonl')  # s1's log, linked
+    # best-only: the final scored the checkpoint of iteration 1 of 2; an extension from it then stopped
+    cfg = fake_run(runs / 'best-s1', [(0, 5.0), (128, 3.0), (256, 3.5)], 7.0, model_iter=1)
+    resume_run(runs / 'best-s1', cfg, 1, [(256, 3.4)], max_iters=9)
+    # a finished run resumed with only --seed=2 (nothing trained): still seed 1, beside a seed 2
+    cfg = fake_run(runs / 'rerun-s1', [(0, 5.0), (128, 3.0)], 8.0)
+    resume_run(runs / 'rerun-s1', cfg, 1, [(128, 3.0)], 8.0, seed=2)
+    fake_run(runs / 'rerun-s2', [(0, 5.0), (128, 3.0)], 9.0, seed=2)
+    lines = open(runs / 'rerun-s2' / 'metrics.jsonl').readlines()  # a log whose lines were shuffled
+    fake_run(runs / 'shuffled-s1', [(0, 5.0)], 1.0)
+    (runs / 'shuffled-s1' / 'metrics.jsonl').write_text(''.join(lines[:1] + lines[:0:-1]))
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
+    assert code == 0, err
+    rows = report_rows(out)
+    assert set(rows) == {'standard', f'coupled [fingerprint={a[:12]}]', f'coupled [fingerprint={b[:12]}]', 'best',
+                         'rerun'}, out
+    assert rows[f'coupled [fingerprint={a[:12]}]'][2:5] == ['1', '8.000', '+0.0%']  # s3 is s1: counted once
+    assert rows[f'coupled [fingerprint={b[:12]}]'][2:5] == ['1', '9.000', '-']  # no standard ran on that text
+    assert f'pydocs/coupled: its runs trained on different texts under the name pydocs' in err
+    assert 'coupled-s1/metrics.jsonl and ' in err and 'are one file (a link); counted once' in err
+    assert rows['best'][3] == '7.000' and "best-s1/metrics.jsonl: its result is its best-only checkpoint's model, " \
+        'iteration 1 of 2' in err
+    assert rows['rerun'][2:4] == ['2', '8.500 +- 0.707'] and 'share seed' not in err
+    assert 'shuffled-s1/metrics.jsonl: its records are out of order' in err
+    # runs logged before corpora had fingerprints: one row, as before
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs / "rerun-s1"},{runs / "rerun-s2"}')
+    assert code == 0 and set(report_rows(out)) == {'rerun'} and err == ''
 
 
 BAD_RECORDS = {  # what a broken or hand-edited log may hold; each record is skipped with a warning
@@ -2212,7 +2321,8 @@ def test_bench_writes_one_record_per_variant_and_mode(tmp_path, capsys, monkeypa
     (['--iters=0'], '--iters'), (['--block_size=-4'], '--block_size'), (['--batch_size=0'], '--batch_size'),
     (['--new_tokens=0'], '--new_tokens'), (['--warmup=-1'], '--warmup'),
     (['--json_out=/nonexistent/dir/b.jsonl'], 'json_out'), (['--device=tpu'], 'unknown'),
-    (['--plot=c.png'], '--report'),
+    (['--plot=c.png'], '--report'), (['--report='], 'names an empty folder'), (['--report=runs,'], 'empty folder'),
+    (['--attn=coupled', '--qk_steps=8'], 'qk_steps must be in 1..7'), (['--qk_hidden=0'], 'qk_hidden must be'),
 ])
 def test_bench_bad_flags_give_one_clear_line(args, words, capsys, monkeypatch):
     r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, *args))
