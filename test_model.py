@@ -1378,8 +1378,8 @@ BAD_FLAGS = [
     (['--block_size=10000000'], 'lower --block_size'), (['--dataset=nowhere'], 'prepare_data.py'),
     (['--init_from=resume'], 'no checkpoint'), (['--eval_only=True'], 'no checkpoint'),
     (['--device=cuda'], 'CUDA is not available'), (['--device=mps'], 'MPS is not available'),
-    (['--device=tpu'], 'unknown'), (['--out_dir='], 'empty'), (['--out_dir=FILE'], 'cannot write'),
-    (['--out_dir=FILE/sub'], 'cannot write'),
+    (['--device=tpu'], 'unknown'), (['--out_dir='], 'empty'), (['--out_dir=FILE'], 'is not a folder'),
+    (['--out_dir=FILE/sub'], 'cannot write'), (['--out_dir=LINK'], 'is not a folder but a link to'),
     # every number is checked for its meaning
     (['--beta1=2'], '--beta1'), (['--beta2=-1'], '--beta2 must be >= 0'), (['--seed=99999999999999999999999'], '--seed'),
     (['--lr_decay_iters=-5'], '--lr_decay_iters must be >= 0'), (['--time_budget=nan'], '--time_budget must be >= 0 and finite'),
@@ -1392,9 +1392,11 @@ BAD_FLAGS = [
 def bad_flag_runs(corpus, tmp_path_factory):
     d = tmp_path_factory.mktemp('bad_flags')
     (d / 'FILE').write_text('a file where a folder should be')
+    os.symlink(d / 'nowhere', d / 'LINK')  # a link to nothing
     calls = [('train.py', f'--data_dir={corpus}', *SMALL, *([] if any('out_dir' in a for a in args) else
                                                             [f'--out_dir={d / "out"}']),
-              *[a.replace('FILE', str(d / 'FILE')) for a in args]) for args, words in BAD_FLAGS]
+              *[a.replace('FILE', str(d / 'FILE')).replace('LINK', str(d / 'LINK')) for a in args])
+             for args, words in BAD_FLAGS]
     *rs, help = scripts(*calls, ('train.py', '--help'))
     return dict(zip([tuple(args) for args, words in BAD_FLAGS], rs)), d, help
 
