@@ -57,7 +57,8 @@ def well_typed(r):  # the fields the report reads have the types it expects
     num = lambda x: type(x) in (int, float)  # not a bool
     qk = r.get('qk', [])
     return (isinstance(r.get('event'), str) and isinstance(r.get('config', {}), dict) and isinstance(qk, list)
-            and all(num(r.get(k, 0)) for k in ('iter', 'model_iter', 'tokens', 'val_loss', 'val_ppl', 'ms'))
+            and all(num(r.get(k, 0)) for k in ('iter', 'model_iter', 'tokens', 'model_tokens', 'val_loss', 'val_ppl',
+                                               'ms'))
             and all(isinstance(s, dict) and num(s.get('nonlinear')) and isinstance(s.get('dt', []), list)
                     and all(map(num, s.get('dt', []))) for s in qk))
 
@@ -146,12 +147,14 @@ def load_runs(folders):
         if final.get('model_iter', final.get('iter')) != final.get('iter'):
             print(f"note: {path}: its result is its best-only checkpoint's model, iteration {final['model_iter']} of "
                   f"{final['iter']}", file=sys.stderr)
-        evals = [r for r in log if r['event'] == 'eval' and 'val_loss' in r and 'tokens' in r]
+        evals = [r for r in log if r['event'] == 'eval' and 'val_loss' in r and 'tokens' in r
+                 and r.get('iter', 0) <= final.get('model_iter', math.inf)]  # the curve of the model it scored
         ms = [r['ms'] for r in log if r['event'] == 'train' and 'ms' in r]
         text = [s['fingerprint'][:12] for s in start if isinstance(s.get('fingerprint'), str)][-1:]  # (older: none)
         runs.append(dict(path=path, label=label, corpus=str(cfg.get('dataset', '?')), final=final, evals=evals, ms=ms,
                          config=cfg | {'seed': start[0]['config'].get('seed')},  # a resume continues the run's RNG
-                         kind=sets[-1] | {'tokens': final['tokens']} | ({'fingerprint': text[0]} if text else {})))
+                         kind=sets[-1] | {'tokens': final.get('model_tokens', final['tokens'])}
+                         | ({'fingerprint': text[0]} if text else {})))
     return runs
 
 

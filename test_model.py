@@ -1528,12 +1528,14 @@ def test_a_best_only_checkpoint_says_what_it_holds_and_the_final_evaluation_scor
     ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
     torch.save(ckpt | dict(best_val_loss=1e-3), out / 'ckpt.pt')  # a best estimate that no later one beats
     extended, evaluated, seeded = scripts(
-        trains(corpus, out, '--init_from=resume', '--max_iters=4', '--eval_interval=1', '--always_save_checkpoint=False'),
+        trains(corpus, out, '--init_from=resume', '--max_iters=4', '--eval_interval=1',
+               '--always_save_checkpoint=False'),
         trains(corpus, out, '--eval_only=True'), trains(corpus, out, '--init_from=resume', '--seed=2'))
     assert extended.returncode == 0, extended.stderr
     assert f"checkpoint {out / 'ckpt.pt'} at iteration 2 (val loss {ckpt['val_loss']:.4f}, the best" in extended.stdout
     final = metrics(out)[-1]
-    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 2 and (final['iter'], final['model_iter']) == (4, 2)
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 2
+    assert (final['iter'], final['model_iter'], final['model_tokens']) == (4, 2, ckpt['tokens'])
     assert f"ppl {final['val_ppl']:.3f}" in evaluated.stdout  # --eval_only scores the model the final record scored
     assert one_line_error(seeded, '--seed=2 here but the run started with seed 1337')
 
@@ -1982,7 +1984,7 @@ def log_evals(folder, evals, final_ppl=None, model_iter=None):
     if final_ppl is not None:
         log_records(folder, dict(event='final', iter=evals[-1][0] // 128, tokens=evals[-1][0],
                                  val_loss=math.log(final_ppl), val_ppl=final_ppl)
-                    | ({'model_iter': model_iter} if model_iter is not None else {}))
+                    | (dict(model_iter=model_iter, model_tokens=model_iter * 128) if model_iter is not None else {}))
 
 
 def log_records(folder, *records):
@@ -2151,7 +2153,7 @@ def test_report_never_averages_two_corpora_and_says_which_model_and_run_it_reads
     assert rows[f'coupled [fingerprint={b[:12]}]'][2:5] == ['1', '9.000', '-']  # no standard ran on that text
     assert f'pydocs/coupled: its runs trained on different texts under the name pydocs' in err
     assert 'coupled-s1/metrics.jsonl and ' in err and 'are one file (a link); counted once' in err
-    assert rows['best'][3] == '7.000' and "best-s1/metrics.jsonl: its result is its best-only checkpoint's model, " \
+    assert rows['best'][3] == '7.000' and rows['best'][8] == '128' and "best-s1/metrics.jsonl: its result is its best-only checkpoint's model, " \
         'iteration 1 of 2' in err
     assert rows['rerun'][2:4] == ['2', '8.500 +- 0.707'] and 'share seed' not in err
     assert 'shuffled-s1/metrics.jsonl: its records are out of order' in err

@@ -560,15 +560,17 @@ while True:
 # ---- the end: full-split evaluation, a sample
 
 phase = 'final'
-model_iter = iter_num  # the model the final evaluation scores: the last weights, or the best-only checkpoint's
-if saved_iter is not None and saved_iter != iter_num:  # the last estimate was not the best: ckpt.pt holds the best
+model_iter, model_tokens = iter_num, tokens  # the model the final evaluation scores: the last weights, or ...
+if saved_iter is not None and saved_iter != iter_num:  # ... the best-only checkpoint's, an earlier and better one
     if ddp:
         dist.barrier()  # rank 0 has written it
-    raw_model.load_state_dict(torch.load(ckpt_path, map_location=device, weights_only=True)['model'])
-    model_iter = saved_iter
+    best = torch.load(ckpt_path, map_location=device, weights_only=True)
+    raw_model.load_state_dict(best['model'])
+    model_iter, model_tokens = saved_iter, best['tokens']
     print0(f"the final evaluation scores the checkpoint's model: iteration {saved_iter} of {iter_num}, val loss "
            f"{saved_val:.4f}, the best estimate (--always_save_checkpoint=False)")
-log(dict(event='final', iter=iter_num, model_iter=model_iter, tokens=tokens, time=train_time) | full_eval())
+log(dict(event='final', iter=iter_num, tokens=tokens, model_iter=model_iter, model_tokens=model_tokens,
+         time=train_time) | full_eval())
 if master and sample_tokens:
     try:
         write_sample('')
