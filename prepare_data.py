@@ -298,7 +298,7 @@ def split_train_val(docs, val_fraction, seed=1337):
     near the cut if there is one, and its two parts end a document each."""
     if not 0 < val_fraction < 1:
         raise DataError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
-    docs = docs[:]
+    docs = [d for d in docs if d]  # an empty file or record: no document
     if len(docs) > 1:
         random.Random(seed).shuffle(docs)
     total, acc, i = sum(map(len, docs)), 0, len(docs)

@@ -1620,6 +1620,8 @@ def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(corpus, tmp_p
     assert full(r.stdout) == full(ranked.stdout) == pytest.approx(full(single.stdout), abs=2e-4)  # shared windows
     # resumed as one process: the tokens count what was trained, 6 x 2 ranks, then 2 x 1
     assert resumed.returncode == 0, resumed.stderr
+    assert 'note: the checkpoint was trained by 2 process(es), this run has 1: the batches continue in a new order' \
+        in resumed.stdout  # said, not silent
     assert [m for m in metrics(tmp_path) if m['event'] == 'final'][-1]['tokens'] == (6 * 2 + 2) * 4 * 32
 
 

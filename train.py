@@ -151,7 +151,8 @@ def check(settings):  # flags' values; the types of a checkpoint's settings
         kind, low = type(defaults[k]), '> 0' if k in POSITIVE.split() else '>= 0'
         if not isinstance(v, (int, float) if kind is float else kind) or (k in CHOICES and v not in CHOICES[k]):
             die(f"{ckpt_path} is corrupt: its {k}={v!r} is not " + (
-                f"one of {', '.join(map(repr, CHOICES[k]))}" if k in CHOICES else f"a {kind.__name__}"))
+                f"one of {', '.join(map(repr, CHOICES[k]))}" if k in CHOICES else f"a {kind.__name__}")
+                + "; resume from an intact copy, or train in another --out_dir")
         if kind in (int, float) and not (0 <= v < BELOW.get(k, math.inf) and (v > 0 or low == '>= 0')):
             die(f"--{k} must be {low}{f' and < {BELOW[k]}' if k in BELOW else ''} and finite, got {v}")
 
