@@ -103,7 +103,8 @@ def standing(log):
     for r in log:
         if r['event'] == 'start':
             at = r.get('iter', math.inf)
-            kept = [k for k in kept if k.get('iter', 0) <= at or k['event'] == 'final' and k.get('model_iter', at + 1) <= at]
+            kept = [k for k in kept if k.get('iter', 0) <= at
+                    or k['event'] == 'final' and k.get('model_iter', at + 1) <= at]
             last = at
         elif not kept or r.get('iter', last) < last:
             return None

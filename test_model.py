@@ -2153,10 +2153,10 @@ def test_report_never_averages_two_corpora_and_says_which_model_and_run_it_reads
                          'rerun'}, out
     assert rows[f'coupled [fingerprint={a[:12]}]'][2:5] == ['1', '8.000', '+0.0%']  # s3 is s1: counted once
     assert rows[f'coupled [fingerprint={b[:12]}]'][2:5] == ['1', '9.000', '-']  # no standard ran on that text
-    assert f'pydocs/coupled: its runs trained on different texts under the name pydocs' in err
+    assert 'pydocs/coupled: its runs trained on different texts under the name pydocs' in err
     assert 'coupled-s1/metrics.jsonl and ' in err and 'are one file (a link); counted once' in err
-    assert rows['best'][3] == '7.000' and rows['best'][8] == '128' and "best-s1/metrics.jsonl: its result is its best-only checkpoint's model, " \
-        'iteration 1 of 2' in err
+    assert rows['best'][3] == '7.000' and rows['best'][8] == '128'  # the checkpoint's model, at its tokens
+    assert "best-s1/metrics.jsonl: its result is its best-only checkpoint's model, iteration 1 of 2" in err
     assert rows['rerun'][2:4] == ['2', '8.500 +- 0.707'] and 'share seed' not in err
     assert 'shuffled-s1/metrics.jsonl: its records are out of order' in err
     # runs logged before corpora had fingerprints: one row, as before

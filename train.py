@@ -205,8 +205,8 @@ if trains and master:
         die(f"{out_dir}/ is in use by a running train.py ({who or 'its pid unknown'}); wait for it, or train in "
             "another --out_dir")
     except FileExistsError:  # os.makedirs: a file, or a link to nothing, in the way
-        die(f"--out_dir={out_dir} is not a folder" + (f" but a link to {os.readlink(out_dir)}, which does not exist"
-                                                      if os.path.islink(out_dir) else '') + "; choose another --out_dir")
+        to = f" but a link to {os.readlink(out_dir)}, which does not exist" if os.path.islink(out_dir) else ''
+        die(f"--out_dir={out_dir} is not a folder{to}; choose another --out_dir")
     except OSError as e:
         die(f"cannot write to --out_dir={out_dir} ({e.strerror or e}); choose a writable folder")
 
