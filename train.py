@@ -195,7 +195,6 @@ if trains and master:
             kept = next(f"{log_path}.{i}" for i in range(1, 10 ** 6) if not os.path.exists(f"{log_path}.{i}"))
             os.replace(log_path, kept)  # an earlier run's records (its checkpoint gone): kept, out of the report
             print(f"note: {log_path} held an earlier run's records; kept as {kept}")
-        open(log_path, 'a').close()
         with suppress(OSError):
             os.remove(ckpt_path + '.tmp')  # a save cut short
     except BlockingIOError:
@@ -230,14 +229,14 @@ if settings['init_from'] == 'resume' or not trains:
         die(f"{ckpt_path} holds a different run: {'; '.join(clash)}; drop those flags, or train in another --out_dir")
     settings |= {k: v for k, v in taken.items() if k not in given}
     check(settings)
-    state = {k: checkpoint.get(k) for k in ('iter_num', 'tokens', 'train_time', 'best_val_loss', 'world_size')}
-    rngs = checkpoint.get('rng')
-    bad = [f"{k}={v!r}" for k, v in state.items() if not (
-        type(v) in ((int,) if k in ('iter_num', 'tokens', 'world_size') else (int, float))
-        and 0 <= v < math.inf and (k != 'world_size' or v >= 1))]
-    if bad or not (isinstance(rngs, list) and len(rngs) == state['world_size']
+    # the checkpoint's own fields, checked as flags are: counts are ints >= 0 (world_size >= 1), numbers finite, >= 0
+    counts, rngs = {k: checkpoint.get(k) for k in ('iter_num', 'tokens', 'world_size')}, checkpoint.get('rng')
+    bad = [f"{k}={v!r}" for k, v in counts.items() if type(v) is not int or v < (k == 'world_size')]
+    bad += [f"{k}={checkpoint.get(k)!r}" for k in ('train_time', 'best_val_loss')
+            if type(checkpoint.get(k)) not in (int, float) or not 0 <= checkpoint[k] < math.inf]
+    if bad or not (isinstance(rngs, list) and len(rngs) == counts['world_size']
                    and all(isinstance(r, dict) and {'batches', 'torch'} <= set(r) for r in rngs)):
-        die(f"{ckpt_path} is corrupt: " + (', '.join(bad) or f"it lacks a random state per rank")
+        die(f"{ckpt_path} is corrupt: " + (', '.join(bad) or "it lacks a random state per rank")
             + "; resume from an intact copy, or train in another --out_dir")
 config = settings  # saved in the checkpoint
 globals().update(settings)
@@ -568,8 +567,6 @@ if saved_iter is not None and saved_iter != iter_num:  # ... the best-only check
     best = torch.load(ckpt_path, map_location=device, weights_only=True)
     raw_model.load_state_dict(best['model'])
     model_iter, model_tokens = saved_iter, best['tokens']
-    print0(f"the final evaluation scores the checkpoint's model: iteration {saved_iter} of {iter_num}, val loss "
-           f"{saved_val:.4f}, the best estimate (--always_save_checkpoint=False)")
 log(dict(event='final', iter=iter_num, tokens=tokens, model_iter=model_iter, model_tokens=model_tokens,
          time=train_time) | full_eval())
 if master and sample_tokens:
@@ -577,7 +574,7 @@ if master and sample_tokens:
         write_sample('')
     except Exception as e:  # a finished run never fails over its sample
         print(f"note: no sample ({why(e)})")
-print0(f"done: {iter_num} iterations, {(time.time() - t_start) / 60:.1f} min; " + (
-    f"checkpoint {ckpt_path}" if saved_iter == iter_num else f"checkpoint {ckpt_path} at iteration {saved_iter} "
-    f"(val loss {saved_val:.4f}, the best estimate)" if saved_iter is not None else "no checkpoint"))
+print0(f"done: {iter_num} iterations, {(time.time() - t_start) / 60:.1f} min; checkpoint {ckpt_path}" + (
+    '' if saved_iter == iter_num else f" at iteration {saved_iter} (val loss {saved_val:.4f}, the best estimate): "
+    "the model the final evaluation scored"))
 shutdown(0)
