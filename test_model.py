@@ -1582,6 +1582,7 @@ def test_test_split_is_evaluated_at_the_end(corpus, tmp_path):
         (d / f).write_bytes(open(os.path.join(corpus, 'pydocs', f), 'rb').read())
     (d / 'test.bin').write_bytes(open(os.path.join(corpus, 'pydocs', 'val.bin'), 'rb').read())
     meta['tokens']['test'], meta['bytes']['test'] = meta['tokens']['val'], meta['bytes']['val']
+    meta['fingerprint'] = prepare_data.fingerprint({s: d / f'{s}.bin' for s in meta['tokens']})
     (d / 'meta.json').write_text(json.dumps(meta))
     r, = scripts(trains(tmp_path / 'data', tmp_path / 'out', '--max_iters=2'))
     assert r.returncode == 0 and 'full test split' in r.stdout
