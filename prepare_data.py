@@ -376,6 +376,10 @@ def write_dataset(out, corpus, input, name, source, tok, val_fraction, digest):
     return meta
 
 
+PREPARED_FROM = dict(tokenizer='--tokenizer', source='the source', input_sha256="the input's content",
+                     val_fraction='--val_fraction')  # what makes a preparation another one
+
+
 def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1, data_dir='data', force=False):
     if corpus is None and input is None:
         corpus = 'pydocs'
@@ -409,14 +413,15 @@ def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1
             whole = all(os.path.getsize(os.path.join(out, f'{s}.bin')) == 2 * n for s, n in meta['tokens'].items())
             same = dict(tokenizer=tokenizer, source=source, input_sha256=digest,
                         val_fraction=val_fraction if meta.get('val_fraction') is not None else None)
-            other = [k for k, v in same.items() if meta.get(k, v) != v]  # (older preparations lack input_sha256)
+            other = [PREPARED_FROM[k] for k, v in same.items() if meta.get(k, v) != v]  # (older ones lack input_sha256)
         except (ValueError, OSError, TypeError, AttributeError, KeyError):
             whole = False
         if whole and not other:
             print(f"{out} is already prepared ({meta['tokens']} tokens); --force redoes it")
             return meta
         if whole:
-            raise DataError(f"{out}/ holds {name} prepared from other input ({', '.join(other)} differ); "
+            raise DataError(f"{out}/ holds {name} prepared from other input ({' and '.join(other)} "
+                            f"{'differ' if len(other) > 1 else 'differs'}); "
                             "--force replaces it (runs trained on it then refuse to resume or evaluate on it), "
                             "or choose another --name")
         print(f"{out} holds an unreadable or unfinished preparation; redoing it")
