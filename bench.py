@@ -98,7 +98,7 @@ def find_logs(folders):  # each folder and log once, by its real path: overlappi
 def standing(log):
     """The records up to the last final; a start at iteration N (a resume) voids those past N (lost work), but not a
     final that scored a model of iteration N or before (a best-only checkpoint, which the resume continues).
-    None: the records are out of order (a start first, then iterations that never go back but at a start)."""
+    None: the records are out of order (their iterations go back other than at a start)."""
     kept, last = [], -math.inf
     for r in log:
         if r['event'] == 'start':
@@ -106,7 +106,7 @@ def standing(log):
             kept = [k for k in kept if k.get('iter', 0) <= at
                     or k['event'] == 'final' and k.get('model_iter', at + 1) <= at]
             last = at
-        elif not kept or r.get('iter', last) < last:
+        elif r.get('iter', last) < last:
             return None
         kept.append(r)
         last = r.get('iter', last)
