@@ -182,9 +182,9 @@ phase = 'before training' if trains else 'read only'
 if trains and master:
     try:
         os.makedirs(out_dir, exist_ok=True)
-        lock = os.open(out_dir, os.O_RDONLY)  # a lock on a file is defeated by deleting the file
         with suppress(ImportError):
             import fcntl
+            lock = os.open(out_dir, os.O_RDONLY)  # the folder: a lock on a file inside goes with the file's deletion
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with open(os.path.join(out_dir, 'train.lock'), 'w') as f:
             print(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}", file=f)
