@@ -2099,7 +2099,7 @@ def nan_at(self, idx, targets=None, cache=None):
     f = sys._getframe(1)
     while f and not f.f_code.co_filename.endswith('train.py'):
         f = f.f_back
-    if f and f.f_code.co_name == '<module>' and f.f_globals['iter_num'] in at:
+    if self.training and f and f.f_code.co_name == '<module>' and f.f_globals['iter_num'] in at:
         at.remove(f.f_globals['iter_num'])
         loss = loss * float('nan')  # the training step of that iteration, once
     return logits, loss
