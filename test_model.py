@@ -3329,7 +3329,7 @@ def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_t
             assert counted == priced > 0
             test_every_entrys_elementwise_price_is_what_is_counted('mine', steps)
     finally:
-        dict.pop(INTEGRATORS, 'mine', None), dict.pop(QK_TRANSFORMS, 'mine', None)
+        INTEGRATORS.pop('mine', None), QK_TRANSFORMS.pop('mine', None)
     # exercise 2 takes it as an argument (as exercise 1 does): its row is leapfrog's
     rows = exercise_2_rows(lab_output(lab, 2))
     assert rows['mine', 'float64'] == rows['leapfrog', 'float64']
