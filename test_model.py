@@ -13,6 +13,7 @@ import dataclasses
 import gzip
 import hashlib
 import http.server
+import importlib.util
 import itertools
 import json
 import math
@@ -3065,11 +3066,7 @@ def test_lab_is_laid_out_and_fits_90_minutes():
 
 
 def test_lab_scripts_run_and_draw_their_picture_or_say_how_to_get_it(lab):
-    try:
-        import matplotlib  # noqa: F401
-        drawn = True
-    except ImportError:
-        drawn = False
+    drawn = importlib.util.find_spec('matplotlib') is not None  # the scripts draw where matplotlib imports
     for key in (1, 2, 3, 4, 5):
         out = lab_output(lab, key)
         assert out.strip() and not re.search(r'\bnan\b', out.lower()), key
@@ -3274,6 +3271,23 @@ def spring(integrator, dt, c=1.0, steps=1):
     return h
 
 
+def energy_error(h, H, steps):
+    """The largest |H(q, k) - H0| over `steps` calls of h (one head of one dimension) from rest at q = 1; |q| at the
+    end."""
+    q, k = torch.ones(1, 1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, 1, 1, dtype=torch.float64)
+    worst, e0 = 0.0, H(q.item(), k.item())
+    with torch.no_grad():
+        for _ in range(steps):
+            q, k = h(q, k)
+            worst = max(worst, abs(H(q.item(), k.item()) - e0))
+    return worst, abs(q.item())
+
+
+def pendulum_energy_error(integrator, dt):  # exercise 1's: the largest |H - H0| to time 20, H = 1/2 k^2 - cos q
+    h = Pendulum(1, 1, 1, 1, integrator, dt=dt).double()
+    return energy_error(h, lambda q, k: 0.5 * k ** 2 - math.cos(q), round(20 / dt))[0]
+
+
 def test_lab_answer_1_the_pendulum_holds_its_numbers_and_formulas(lab):
     answer = lab_section(1, lab_text('ANSWERS.md'))
     e, halving, long, det_gap = exercise_1_rows(lab_output(lab, 1))
@@ -3314,15 +3328,8 @@ def test_lab_answer_1_the_pendulum_holds_its_numbers_and_formulas(lab):
     # the modified energy k^2/2 + c (1 - c dt^2/4) q^2/2 is kept, H is not); the model takes one step by default
     assert number_in(r'unstable once `dt > (\d+)`', answer) == 2
 
-    def worst_energy_error(h, steps=400):
-        q, k = torch.ones(1, 1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, 1, 1, dtype=torch.float64)
-        H = lambda q, k: (k.item() ** 2 + h.c * q.item() ** 2) / 2
-        worst, e0 = 0.0, H(q, k)
-        with torch.no_grad():
-            for _ in range(steps):
-                q, k = h(q, k)
-                worst = max(worst, abs(H(q, k) - e0))
-        return worst, abs(q.item())
+    def worst_energy_error(h, steps=400):  # the spring's H = (k^2 + c q^2)/2
+        return energy_error(h, lambda q, k: (k ** 2 + h.c * q ** 2) / 2, steps)
     assert worst_energy_error(spring('leapfrog', 1.9))[0] < 10 < 1e6 < worst_energy_error(spring('leapfrog', 2.1))[0]
     runaway, inverted = worst_energy_error(spring('leapfrog', 0.1, c=-1.0), 40), worst_energy_error(
         spring('leapfrog', 0.1, c=-1.0), 80)
@@ -3360,7 +3367,7 @@ def test_lab_answer_2_volume_return_symplecticity_hold_their_formulas(lab):
     det = stated_formula(r"Euler's single step has `det J = (.*?)`", answer)
     h = hamiltonian('euler', hs=4, nh=1)
     x = torch.randn(8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    hess = torch.autograd.functional.hessian(lambda q: h.V(q.view(1, 1, 1, 4)).sum(), x[:4])
+    hess = torch.autograd.functional.hessian(lambda q: h.f.V(q.view(1, 1, 1, 4)).sum(), x[:4])
     dt = h.dt.item()
     assert abs(jacobian_det(h, 4) - formula(det, det=torch.linalg.det, I=torch.eye(4, dtype=torch.float64), dt=dt,
                                             Hess=hess, V=1).item()) < 1e-10
@@ -3378,8 +3385,9 @@ def test_lab_answer_2_volume_return_symplecticity_hold_their_formulas(lab):
             1, 1, 1, 1)), -1).flatten(), torch.tensor([0.7, 0.2], dtype=torch.float64))
         assert abs(torch.linalg.det(J).item() - formula(quadratic, c=c, dt=dt)) < 1e-12
     assert abs(formula(quadratic, c=-2.0, dt=formula(vanishes, c=-2.0))) < 1e-12
-    # the free force: its Jacobian is the stated A diag(silu'(W q + b)) W, not symmetric; ex2 shows how far off
-    mlp = M.HeadMLP(1, 4, 6, 4, w_std=1.0).double()
+    # the model's free force: its Jacobian is the stated A diag(silu'(W q + b)) W, not symmetric; ex2 shows how far off
+    torch.manual_seed(0)
+    mlp = FORCES['mlp'](1, 4, 6, w_std=1.0).double()
     with torch.no_grad():
         mlp.b.normal_()
     assert "`df/dq = A diag(silu'(W q + b)) W`" in answer
@@ -3503,9 +3511,16 @@ def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_t
     assert 'mine' not in INTEGRATORS and 'mine' not in QK_TRANSFORMS  # a new name: a built-in's is refused
     try:
         exec(lab_text('ex6_mine.py'), dict(vars(M)))
-        assert 3.5 < check_promises('mine') < 4.5  # order 2, as leapfrog's
-        counted, priced = counted_and_priced_matmul_flops('mine', 2)
-        assert counted == priced > 0
+        for claim in CLAIMS:
+            test_each_entry_keeps_what_it_promises('mine', claim)
+            if claim != 'identity_at_zero':
+                test_each_integrator_keeps_what_it_promises_under_the_potential('mine', claim)
+        ratio, _ = measure(lambda steps: entry_map('mine', steps), 'order')
+        assert 3.5 < ratio < 4.5  # order 2, as leapfrog's
+        for steps in (1, 3):
+            counted, priced = counted_and_priced_matmul_flops('mine', steps)
+            assert counted == priced > 0
+            test_every_entrys_elementwise_price_is_what_is_counted('mine', steps)
     finally:
         INTEGRATORS.pop('mine', None), QK_TRANSFORMS.pop('mine', None)
     # exercise 2 takes it as an argument (as exercise 1 does): its row is leapfrog's
@@ -3520,37 +3535,44 @@ def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_t
     # the answer's claims about the steps students pick: drift-kick-drift, Runge-Kutta
     answer = lab_section(6, lab_text('ANSWERS.md'))
 
-    def dkd(h, q, k, dt, kick=None):
+    def dkd(h, q, k, dt):
         q = q + dt / 2 * k
         k = k + h.force(q, dt)
-        return q + dt / 2 * k, k, None
+        return q + dt / 2 * k, k
 
-    def rk4(h, q, k, dt, kick=None):  # the classical fourth-order Runge-Kutta step of q' = k, k' = F(q)
+    def rk4(h, q, k, dt):  # the classical fourth-order Runge-Kutta step of q' = k, k' = F(q)
         k1q, k1k = k, h.force(q)
         k2q, k2k = k + dt / 2 * k1k, h.force(q + dt / 2 * k1q)
         k3q, k3k = k + dt / 2 * k2k, h.force(q + dt / 2 * k2q)
         k4q, k4k = k + dt * k3k, h.force(q + dt * k3q)
-        return q + dt / 6 * (k1q + 2 * k2q + 2 * k3q + k4q), k + dt / 6 * (k1k + 2 * k2k + 2 * k3k + k4k), None
+        return q + dt / 6 * (k1q + 2 * k2q + 2 * k3q + k4q), k + dt / 6 * (k1k + 2 * k2k + 2 * k3k + k4k)
     assert 'Drift-kick-drift is symplectic, symmetric and of order 2, with one force a step' in answer
     assert 'Runge-Kutta step is of order 4 but neither symplectic nor symmetric' in answer
-    monkeypatch.setitem(M.INTEGRATORS, 'dkd', Integrator(dkd, symplectic=True, symmetric=True, order=2))
-    check_promises('dkd')
-    # Runge-Kutta: its state's error is fourth order, its energy's falls the stated factor per halving of dt, so the
-    # order check (which measures the energy's) refutes a claim of 4 and takes the stated one
+    monkeypatch.setitem(M.INTEGRATORS, 'dkd', Integrator(dkd, symplectic=True, volume_preserving=True, symmetric=True,
+                                                         order=2, forces=1, vector_ops=5))
+    for what in CLAIMS[:-1]:
+        test_each_integrator_keeps_what_it_promises_under_the_potential('dkd', what)
+    # Runge-Kutta: its state's error falls 2^4 per halving of dt, so the order test (which measures the state's) takes
+    # a claim of 4; its energy's error on exercise 1's pendulum falls the stated factor, faster
+    falls, claim = re.search(r'measures the state.s error, which falls about (\d+)x per halving of `dt`, so a claim '
+                             r'of order (\d) passes', answer).groups()
+    monkeypatch.setitem(M.INTEGRATORS, 'rk4', Integrator(rk4, symplectic=False, volume_preserving=False,
+                                                         symmetric=False, order=int(claim), forces=4, vector_ops=26))
+    for what in CLAIMS[:-1]:
+        test_each_integrator_keeps_what_it_promises_under_the_potential('rk4', what)
+    ratio, _ = measure(lambda steps: one_head(Hamiltonian(1, 4, 8, steps, 'rk4')), 'order')
+    assert abs(ratio / int(falls) - 1) < 0.1 and int(falls) == 2 ** int(claim)
     state = []
-    for dt in (0.1, 0.05, 0.00625):
-        h = Pendulum(1, 1, 1, round(2 / dt), 'euler', dt=dt).double()  # to time 2 in one call, then stepped by rk4
-        monkeypatch.setattr(h, 'step', lambda q, k, dt, kick=None, h=h: rk4(h, q, k, dt))
+    for dt in (0.1, 0.05, 0.00625):  # the pendulum's state at time 2
+        h = Pendulum(1, 1, 1, round(2 / dt), 'rk4', dt=dt).double()
         with torch.no_grad():
             h.dt.fill_(dt)
         state.append(torch.cat(h(torch.ones(1, 1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, 1, 1,
                                                                                               dtype=torch.float64))))
     assert 14 < (state[0] - state[2]).norm() / (state[1] - state[2]).norm() < 18  # 2^4
-    factor, claim = re.search(r'falls about (\d+)x per halving of `dt`, so a claim of order 4 fails.*?claim of (\d)',
-                              answer).groups()
-    monkeypatch.setitem(M.INTEGRATORS, 'rk4', Integrator(rk4, symplectic=False, symmetric=False, order=int(claim)))
-    ratio = check_promises('rk4')
-    assert abs(ratio / int(factor) - 1) < 0.05 and not 0.7 * 2 ** 4 < ratio < 1.4 * 2 ** 4  # check_promises refutes 4
+    factor = number_in(r'its energy error on the pendulum falls about (\d+)x per halving', answer)
+    energy = pendulum_energy_error('rk4', 0.1) / pendulum_energy_error('rk4', 0.05)
+    assert abs(energy / factor - 1) < 0.05 and energy > 1.4 * 2 ** 4  # faster than the order says
     calls = []
 
     class Counted(Hamiltonian):
