@@ -9,27 +9,28 @@ without the KV cache) next to the FLOP model's ratio; tabulate and plot train.py
   python bench.py --plan --world_size=8               # the GPU recipe: commands, tokens, GPU time (for 8 GPUs)
   python bench.py --gpu_check                         # on one GPU, ~3 minutes: the recipe's step, eager and compiled
 """
-import argparse
-import ctypes
-import ctypes.util
-import json
-import math
 import os
 import signal
-import sys
-import time
-from contextlib import nullcontext
-from itertools import groupby
-from statistics import mean, median, stdev
 
 
-def on_ctrl_c(signum, frame):  # Ctrl-C during torch's slow import: one line, exit code 130
+def on_ctrl_c(signum, frame):  # Ctrl-C during the imports (torch's: slow): one line, exit code 130
     os.write(2, b"\ninterrupted\n")
     os._exit(130)
 
 
 if __name__ == '__main__':  # not when imported: the importer's handler stays
     signal.signal(signal.SIGINT, on_ctrl_c)
+
+import argparse  # noqa: E402
+import ctypes  # noqa: E402
+import ctypes.util  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
+from itertools import groupby  # noqa: E402
+from statistics import mean, median, stdev  # noqa: E402
 
 import torch  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
@@ -60,7 +61,8 @@ def well_typed(r):  # the fields the report reads have the types it expects
     num = lambda x: type(x) in (int, float)  # not a bool
     qk, att = r.get('qk', []), r.get('attn', [])
     return (isinstance(r.get('event'), str) and isinstance(r.get('config', {}), dict) and isinstance(qk, list)
-            and all(num(r.get(k, 0)) for k in ('iter', 'tokens', 'val_loss', 'val_ppl', 'ms'))
+            and all(num(r.get(k, 0)) for k in ('iter', 'model_iter', 'tokens', 'model_tokens', 'val_loss', 'val_ppl',
+                                               'ms'))
             and all(isinstance(s, dict) and num(s.get('nonlinear')) and isinstance(s.get('dt', []), list)
                     and all(map(num, s.get('dt', []))) for s in qk)
             and isinstance(att, list) and all(isinstance(s, dict) and all(num(s.get(k)) for k in ATTENTION)
@@ -82,8 +84,8 @@ def read_log(path):
     return records
 
 
-def find_logs(folders):  # each folder once, by its real path: overlapping folders, symlink loops
-    seen, logs = set(), []
+def find_logs(folders):  # each folder and log once, by its real path: overlapping folders, symlinks, their loops
+    seen, logs = set(), {}
     for top in folders:
         for d, subdirs, files in os.walk(top, followlinks=True):
             if os.path.realpath(d) in seen:
@@ -91,17 +93,29 @@ def find_logs(folders):  # each folder once, by its real path: overlapping folde
                 continue
             seen.add(os.path.realpath(d))
             if 'metrics.jsonl' in files + subdirs:
-                logs.append(os.path.join(d, 'metrics.jsonl'))
-    return sorted(logs)
+                logs.setdefault(os.path.realpath(os.path.join(d, 'metrics.jsonl')), []).append(
+                    os.path.join(d, 'metrics.jsonl'))
+    for paths in logs.values():
+        if len(paths) > 1:
+            print(f"note: {' and '.join(sorted(paths))} are one file (a link); counted once", file=sys.stderr)
+    return sorted(min(paths) for paths in logs.values())
 
 
 def standing(log):
-    """The records up to the last final; a start at iteration N (a resume) voids those past N (lost work)."""
-    kept = []
+    """The records up to the last final; a start at iteration N (a resume) voids those past N (lost work), but not a
+    final that scored a model of iteration N or before (a best-only checkpoint, which the resume continues).
+    None: the records are out of order (their iterations go back other than at a start)."""
+    kept, last = [], -math.inf
     for r in log:
         if r['event'] == 'start':
-            kept = [k for k in kept if k.get('iter', 0) <= r.get('iter', math.inf)]
+            at = r.get('iter', math.inf)
+            kept = [k for k in kept if k.get('iter', 0) <= at
+                    or k['event'] == 'final' and k.get('model_iter', at + 1) <= at]
+            last = at
+        elif r.get('iter', last) < last:
+            return None
         kept.append(r)
+        last = r.get('iter', last)
     return kept[:max((i + 1 for i, r in enumerate(kept) if r['event'] == 'final'), default=0)]
 
 
@@ -114,6 +128,10 @@ def load_runs(folders):
             log = standing(read_log(path))
         except OSError as e:  # a folder of that name
             print(f"note: {path}: {e.strerror or e}; left out", file=sys.stderr)
+            continue
+        if log is None:
+            print(f"note: {path}: its records are out of order (an iteration before an earlier one); left out",
+                  file=sys.stderr)
             continue
         start = [r for r in log if r['event'] == 'start' and 'config' in r]
         final = log[-1] if start else {}
@@ -133,10 +151,17 @@ def load_runs(folders):
         if changed:
             label += f" [resumed: {changed}]"
             print(f"note: {path}: resumed with other settings; a row of its own", file=sys.stderr)
-        evals = [r for r in log if r['event'] == 'eval' and 'val_loss' in r and 'tokens' in r]
+        if final.get('model_iter', final.get('iter')) != final.get('iter'):
+            print(f"note: {path}: its result is its best-only checkpoint's model, iteration {final['model_iter']} of "
+                  f"{final['iter']}", file=sys.stderr)
+        evals = [r for r in log if r['event'] == 'eval' and 'val_loss' in r and 'tokens' in r
+                 and r.get('iter', 0) <= final.get('model_iter', math.inf)]  # the curve of the model it scored
         ms = [r['ms'] for r in log if r['event'] == 'train' and 'ms' in r]
-        runs.append(dict(path=path, label=label, corpus=str(cfg.get('dataset', '?')), config=cfg, final=final,
-                         kind=sets[-1] | {'tokens': final['tokens']}, evals=evals, ms=ms))
+        text = [s['fingerprint'][:12] for s in start if isinstance(s.get('fingerprint'), str)][-1:]  # (older: none)
+        runs.append(dict(path=path, label=label, corpus=str(cfg.get('dataset', '?')), final=final, evals=evals, ms=ms,
+                         config=cfg | {'seed': start[0]['config'].get('seed')},  # a resume continues the run's RNG
+                         kind=sets[-1] | {'tokens': final.get('model_tokens', final['tokens'])}
+                         | ({'fingerprint': text[0]} if text else {})))
     return runs
 
 
@@ -152,6 +177,10 @@ def group_runs(runs):
             if r['kind'] not in kinds:
                 kinds.append(r['kind'])
         differ = sorted({k for a in kinds for b in kinds for k in set(a) | set(b) if a.get(k) != b.get(k)})
+        if 'fingerprint' in differ:
+            notes.append(f"warning: {corpus}/{label}: its runs trained on different texts under the name {corpus} "
+                         f"(corpus fingerprints {', '.join(sorted({str(k.get('fingerprint')) for k in kinds}))}); "
+                         f"never averaged")
         if len(kinds) > 1:
             notes.append(f"note: {corpus}/{label}: its runs are not all alike ({', '.join(differ)} differ); "
                          f"shown as {len(kinds)} rows")
@@ -162,6 +191,7 @@ def group_runs(runs):
 
 
 SHAPE = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'pos', 'vocab_size')
+BASE = SHAPE + ('fingerprint',)  # a baseline: standard of the same shape, on the same text
 BATCHES = ('eval_iters', 'batch_size', 'block_size', 'dataset')  # equal: the estimates score the same batches
 
 
@@ -188,7 +218,7 @@ def token_ratio(row, rows, corpus):
     """'standard tokens to match' (the paper's "2.4x"): the tokens the longest comparable standard row needs to
     reach this row's final estimate, over this row's tokens; '> N': never. Returns (ratio, that row's key)."""
     refs = [k for k, r in rows.items() if k[0] == corpus and r['kind'].get('attn') == 'standard'
-            and agree(r['kind'], row['kind'], SHAPE) and curve(r)
+            and agree(r['kind'], row['kind'], BASE) and curve(r)
             and agree(r['runs'][0]['config'], row['runs'][0]['config'], BATCHES)]
     last = [r['evals'][-1]['val_loss'] for r in row['runs'] if r['evals']]
     if not refs or not last:
@@ -225,7 +255,7 @@ def report(folders, plot):
         if len(p) > 1 and all(map(math.isfinite, p)):  # no spread with a diverged seed's inf
             spread += f" +- {stdev(p):.3f}"
         base = min((k for k, b in rows.items() if k[0] == corpus and b['label'] == 'standard'
-                    and agree(b['kind'], row['kind'], SHAPE)),
+                    and agree(b['kind'], row['kind'], BASE)),
                    key=lambda k: rows[k]['kind']['tokens'] != tokens, default=None)  # same tokens first
         rel = '-'
         if base:
@@ -585,7 +615,9 @@ def main():
     p.add_argument('--gpu_check', action='store_true', help="the recipe's training step on one CUDA GPU (60m, "
                    "32 x 512 tokens, bf16), eager and compiled, with MFU")
     args = p.parse_args()
-    if args.plot and not (args.report and os.path.splitext(args.plot)[1]):
+    if args.report is not None and not all(args.report.split(',')):
+        p.error(f"--report={args.report!r} names an empty folder; name the run folders, e.g. --report=runs")
+    if args.plot is not None and not (args.report and os.path.splitext(args.plot)[1]):
         p.error("--plot draws the runs of --report into a file named by its format: --report=runs --plot=curves.png")
     if args.report:
         return report(args.report.split(','), args.plot)
@@ -616,6 +648,12 @@ def main():
         except ValueError as e:
             p.error(f"--attn={v}: {e}")
     variants = ['standard'] + [v for v in variants if v != 'standard']  # first: every ratio is against it
+    for v in variants:  # the model's own checks, as train.py makes them
+        try:
+            GPTConfig(attn=v, block_size=max(args.block_size, args.new_tokens + 1), vocab_size=args.vocab_size,
+                      qk_steps=args.qk_steps, qk_hidden=args.qk_hidden, **PRESETS[args.preset])
+        except ValueError as e:
+            p.error(str(e))
     device = args.device if args.device != 'auto' else 'cuda' if torch.cuda.is_available() else 'cpu'
     if device.split(':')[0] not in ('cpu', 'cuda', 'mps'):
         p.error(f"--device={device} is unknown; use auto, cpu, cuda, cuda:N or mps")

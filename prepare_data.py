@@ -160,6 +160,20 @@ def sha256_of(path):
     return h.hexdigest()
 
 
+def fingerprint(splits):
+    """The corpus's identity: sha256 over each split's name and the sha256 of its token file."""
+    return hashlib.sha256(''.join(f"{s}:{sha256_of(splits[s])}\n" for s in sorted(splits)).encode()).hexdigest()
+
+
+def input_sha256(path):
+    """A local --input's identity: sha256 over its files' paths (relative to it) and contents."""
+    h = hashlib.sha256()
+    for fn in input_files(path, quiet=True):
+        if os.path.isfile(fn):
+            h.update(f"{os.path.relpath(fn, path)}:{sha256_of(fn)}\n".encode())
+    return h.hexdigest()
+
+
 def pydocs():
     """Python's reference documentation (pydoc_data.topics) and the docstrings of its standard library."""
     docs = []
@@ -191,13 +205,32 @@ def pydocs():
 JSONL = ('.jsonl', '.jsonl.gz', '.json.gz')  # JSON lines, gzipped or not
 
 
+def input_files(path, quiet=False):
+    """--input's files: itself, or the .txt/.jsonl[.gz] files in its folder and the folders linked into it (each
+    once); a FIFO, device or socket inside a folder is skipped in one line (reading it could wait forever)."""
+    if not os.path.isdir(path):
+        return [path]
+    files, seen = [], set()
+    for d, dirs, fs in os.walk(path, followlinks=True):
+        if os.path.realpath(d) in seen:  # a link loop, or a folder linked twice
+            dirs.clear()
+            continue
+        seen.add(os.path.realpath(d))
+        dirs.sort()
+        for f in sorted(f for f in fs if f.endswith(('.txt',) + JSONL)):
+            if os.path.isfile(os.path.join(d, f)):
+                files.append(os.path.join(d, f))
+            elif os.path.exists(os.path.join(d, f)) and not quiet:
+                print(f"note: skipped {os.path.join(d, f)}: not a regular file (a pipe, device or socket)")
+    return files
+
+
 def read_local(path, jsonl=None):
     """A .txt file (one document), a .jsonl[.gz] file (a document per line, field 'text'), or a folder of them.
     jsonl=True/False: read as JSON lines / plain text whatever the name (a named corpus's file)."""
     if not os.path.exists(path):
         raise DataError(f"--input={path} does not exist; give a .txt/.jsonl/.jsonl.gz file or a folder of them")
-    files = [path] if os.path.isfile(path) else sorted(
-        os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(('.txt',) + JSONL))
+    files = input_files(path)
     if not files:
         raise DataError(f"--input={path} holds no .txt, .jsonl or .jsonl.gz files")
     docs = []
@@ -207,7 +240,7 @@ def read_local(path, jsonl=None):
         if jsonl is False and gzipped:
             raise DataError(f"{fn} is gzip-compressed, not plain text")
         try:
-            with (gzip.open(fn, 'rt', encoding='utf-8') if gzipped else open(fn, encoding='utf-8')) as f:
+            with (gzip.open(fn, 'rt', encoding='utf-8-sig') if gzipped else open(fn, encoding='utf-8-sig')) as f:
                 if not (fn.endswith(JSONL) if jsonl is None else jsonl):
                     docs.append(f.read())
                     if jsonl is False and docs[-1].lstrip().startswith('{'):
@@ -255,27 +288,40 @@ def wikitext(name, zpath):
         raise DataError(f"{zpath} is not the expected WikiText archive ({e}); delete it and run again")
 
 
+MIN_TOKENS = 64  # fewer in a split: refused, too small to train or evaluate on
+TOLERANCE = 0.1  # val holds val_fraction of the text's characters to within a tenth of itself (0.1: 9% to 11%)
+
+
 def split_train_val(docs, val_fraction, seed=1337):
-    """Shuffle documents (fixed seed), hold out the last val_fraction of the text; one document: cut at a line end."""
+    """Shuffle documents (fixed seed) and hold out the last val_fraction of the text, whole documents where that
+    falls within TOLERANCE; else (few or uneven documents) the document at the border is cut in two, at a line end
+    near the cut if there is one, and its two parts end a document each."""
     if not 0 < val_fraction < 1:
         raise DataError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
-    if len(docs) == 1:
-        text = docs[0]
-        cut = int(len(text) * (1 - val_fraction))
-        cut = text.rfind('\n', 0, cut) + 1 or cut
-        return {'train': [text[:cut]], 'val': [text[cut:]]}
-    docs = docs[:]
-    random.Random(seed).shuffle(docs)
+    docs = [d for d in docs if d]  # an empty file or record: no document
+    if len(docs) > 1:
+        random.Random(seed).shuffle(docs)
     total, acc, i = sum(map(len, docs)), 0, len(docs)
-    while i > 1 and acc < val_fraction * total:
+    target = val_fraction * total
+    while i > 1 and acc < target:
         i -= 1
         acc += len(docs[i])
-    return {'train': docs[:i], 'val': docs[i:]}
+    if len(docs) > 1 and abs(acc - target) <= TOLERANCE * target:
+        return {'train': docs[:i], 'val': docs[i:]}
+    i, rest = len(docs) - 1, target  # val: the last `target` characters; the cut falls in docs[i]
+    while i > 0 and rest > len(docs[i]):
+        rest -= len(docs[i])
+        i -= 1
+    text = docs[i]
+    cut = int(len(text) - rest)
+    line = text.rfind('\n', 0, cut) + 1
+    cut = line if line and cut - line <= TOLERANCE * target else cut
+    return {'train': docs[:i] + [text[:cut]], 'val': [text[cut:]] + docs[i + 1:]}
 
 
 # -----------------------------------------------------------------------------
 
-def write_dataset(out, corpus, input, name, source, tok, val_fraction):
+def write_dataset(out, corpus, input, name, source, tok, val_fraction, digest):
     """Read and split the source, tokenize each split into a temp file, rename them, then write meta.json."""
     meta_path = os.path.join(out, 'meta.json')
     if corpus == 'pydocs':
@@ -306,6 +352,10 @@ def write_dataset(out, corpus, input, name, source, tok, val_fraction):
             tmps[split] = os.path.join(out, f'{split}.bin.tmp{os.getpid()}')
             counts[split], sizes[split] = write_tokens(tmps[split], docs, tok)
             print(f"{split}: {len(docs):,} documents, {counts[split]:,} tokens, {sizes[split]:,} bytes of text")
+            if counts[split] < MIN_TOKENS:
+                raise DataError(f"the {split} split would hold only {counts[split]} tokens, too few to train or "
+                                f"evaluate on (at least {MIN_TOKENS}); give more text" + (
+                                    ' or a larger --val_fraction' if split == 'val' else ''))
         remove(meta_path)  # the old meta must not vouch for new .bin files
         for split, tmp in tmps.items():
             os.replace(tmp, os.path.join(out, f'{split}.bin'))
@@ -313,6 +363,8 @@ def write_dataset(out, corpus, input, name, source, tok, val_fraction):
             remove(os.path.join(out, f'{stale}.bin'))
         meta = dict(corpus=corpus or 'local', name=name, source=source, tokenizer=tok['name'],
                     vocab_size=tok['vocab_size'], eot_token=tok['eot'], dtype='uint16', tokens=counts, bytes=sizes,
+                    fingerprint=fingerprint({s: os.path.join(out, f'{s}.bin') for s in tmps}),
+                    input_sha256=digest,
                     val_fraction=val_fraction if 'test' not in counts else None,
                     separator=f"end-of-text token {tok['eot']} after every document")
         with open(meta_path + '.tmp', 'w') as f:
@@ -324,12 +376,18 @@ def write_dataset(out, corpus, input, name, source, tok, val_fraction):
     return meta
 
 
+PREPARED_FROM = dict(tokenizer='--tokenizer', source='the source', input_sha256="the input's content",
+                     val_fraction='--val_fraction')  # what makes a preparation another one
+
+
 def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1, data_dir='data', force=False):
     if corpus is None and input is None:
         corpus = 'pydocs'
     if corpus is not None and corpus not in CORPORA:
         raise DataError(f"unknown corpus {corpus!r}; choose one of {', '.join(CORPORA)}, or --input=PATH")
-    name = name or corpus or os.path.basename(os.path.normpath(input)).split('.')[0]
+    name = name or corpus or os.path.basename(os.path.normpath(input)).lstrip('.').split('.')[0]
+    if not name:
+        raise DataError(f"no folder name follows from --input={input}; give one with --name=NAME")
     if name in ('.', '..') or os.path.basename(name) != name or '\\' in name or not name.strip():
         raise DataError(f"--name={name!r} must be a plain folder name ({data_dir}/<name>/), e.g. --name=mine")
     tokenizer = tokenizer or (CORPORA[corpus]['tokenizer'] if corpus else 'bytes')
@@ -346,19 +404,27 @@ def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1
                     os.kill(int(pid), 0)  # no error: alive, another prepare_data.py at work
                 except ProcessLookupError:  # its process is gone: debris
                     os.remove(os.path.join(out, fn))
-                except PermissionError:  # alive, and another user's: leave it
+                except (PermissionError, OverflowError):  # alive and another user's; or no pid: not ours
                     pass
+    digest = input_sha256(input) if input else None
     if os.path.exists(meta_path) and not force:
         try:
             meta = json.load(open(meta_path))
-            done = meta['tokenizer'] == tokenizer and meta['source'] == source and all(
-                os.path.getsize(os.path.join(out, f'{s}.bin')) == 2 * n for s, n in meta['tokens'].items())
+            whole = all(os.path.getsize(os.path.join(out, f'{s}.bin')) == 2 * n for s, n in meta['tokens'].items())
+            same = dict(tokenizer=tokenizer, source=source, input_sha256=digest,
+                        val_fraction=val_fraction if meta.get('val_fraction') is not None else None)
+            other = [PREPARED_FROM[k] for k, v in same.items() if meta.get(k, v) != v]  # (older ones lack input_sha256)
         except (ValueError, OSError, TypeError, AttributeError, KeyError):
-            done = False
-        if done:
+            whole = False
+        if whole and not other:
             print(f"{out} is already prepared ({meta['tokens']} tokens); --force redoes it")
             return meta
-        print(f"{out} holds another or an unreadable preparation; redoing it")
+        if whole:
+            raise DataError(f"{out}/ holds {name} prepared from other input ({' and '.join(other)} "
+                            f"{'differ' if len(other) > 1 else 'differs'}); "
+                            "--force replaces it (runs trained on it then refuse to resume or evaluate on it), "
+                            "or choose another --name")
+        print(f"{out} holds an unreadable or unfinished preparation; redoing it")
     tok = get_tokenizer(tokenizer)
     print(f"preparing {name} from {source} with the {tokenizer} tokenizer")
     made = [d for d in (data_dir, out) if not os.path.isdir(d)]  # folders this run creates
@@ -367,7 +433,7 @@ def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1
     try:
         lock = lock_folder(out, True, f"{out}/ is being read by a running train.py (or prepared by another "
                                       "prepare_data.py); stop it first, or use another --name")
-        meta = write_dataset(out, corpus, input, name, source, tok, val_fraction)
+        meta = write_dataset(out, corpus, input, name, source, tok, val_fraction, digest)
     except BaseException:
         for d in reversed(made):  # leave nothing behind
             if os.path.isdir(d) and not os.listdir(d):
@@ -436,6 +502,10 @@ def load(data_dir, name, block_size):
         if np.memmap(fn, dtype=np.uint16, mode='r').max() >= vocab:
             raise DataError(f"{fn} holds token ids >= vocab_size {vocab}; it does not match meta.json: {again}")
         splits[split] = fn
+    meta['fingerprint'], listed = fingerprint(splits), meta.get('fingerprint')  # (older preparations: none listed)
+    if listed not in (None, meta['fingerprint']):
+        raise DataError(f"{path}/'s token files are not those meta.json lists (their fingerprint differs): they "
+                        f"changed after preparation; {again}")
     return meta, splits
 
 

@@ -7,17 +7,20 @@ that part: prepare_data.py, train.py (resume, evaluation, bad input, Ctrl-C, a f
 and the lab's exercises (exercises/).
 Run: python -m pytest -q
 """
+import ast
 import contextlib
 import dataclasses
 import gzip
 import hashlib
 import http.server
+import importlib.util
 import itertools
 import json
 import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -1282,15 +1285,20 @@ def read_bin(path):
     return np.fromfile(path, dtype=np.uint16)
 
 
+PREPARED = {}  # corpus: {split: sha256 of its token file}, as prepared in full
+
+
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory):
     """A small real corpus: Python's own docs (offline), bytes tokenizer, cut to 300k/8k tokens so runs are quick."""
     d = tmp_path_factory.mktemp('data')
     meta = prepare_data.prepare('pydocs', data_dir=str(d))
+    PREPARED['pydocs'] = {s: prepare_data.sha256_of(d / 'pydocs' / f'{s}.bin') for s in meta['tokens']}
     for split, n in (('train', 300_000), ('val', 8_000)):
         tokens = read_bin(d / 'pydocs' / f'{split}.bin')[:n]
         tokens.tofile(d / 'pydocs' / f'{split}.bin')
         meta['tokens'][split], meta['bytes'][split] = len(tokens), int((tokens != 256).sum())  # 256: end of text
+    meta['fingerprint'] = prepare_data.fingerprint({s: d / 'pydocs' / f'{s}.bin' for s in meta['tokens']})
     (d / 'pydocs' / 'meta.json').write_text(json.dumps(meta))
     return str(d)
 
@@ -1316,7 +1324,7 @@ def test_prepare_round_trip_gpt2_through_offline_cache(tmp_path):
     if not os.environ.get('TIKTOKEN_CACHE_DIR'):
         pytest.skip('TIKTOKEN_CACHE_DIR is not set: the gpt2 tokenizer would need the network')
     import tiktoken
-    docs = [{'text': f"Abstract {i}: coupled dynamics of queries and keys, trial {i}.\n" * (i + 1)} for i in range(30)]
+    docs = [{'text': f"Abstract {i:02}: coupled dynamics of queries and keys, trial {i:02}.\n" * 3} for i in range(30)]
     src = tmp_path / 'abstracts.jsonl'
     src.write_text('\n'.join(json.dumps(d) for d in docs) + '\n')
     meta = prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path / 'data'), tokenizer='gpt2')
@@ -1345,7 +1353,7 @@ def test_prepare_does_not_redo_finished_work(tmp_path):
 def test_prepare_failure_leaves_no_partial_output(tmp_path, monkeypatch):
     src = tmp_path / 'docs'
     src.mkdir()
-    (src / 'a.jsonl').write_text('{"text": "one"}\n{"text": "two"}\n')
+    (src / 'a.jsonl').write_text(json.dumps({'text': 'one ' * 200}) + '\n' + json.dumps({'text': 'two ' * 200}))
     prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path / 'data'))
     out = tmp_path / 'data' / 'docs'
     before = {f: (out / f).read_bytes() for f in os.listdir(out)}
@@ -1370,13 +1378,12 @@ def test_prepare_failure_leaves_no_partial_output(tmp_path, monkeypatch):
     assert r.returncode != 0 and not (tmp_path / 'data' / 'missing').exists()
 
 
-@pytest.mark.skipif(not hasattr(os, 'mkfifo'), reason='needs a named pipe')
 def test_prepare_ctrl_c_at_work_removes_what_it_began(tmp_path):
     src = tmp_path / 'docs'
     src.mkdir()
-    os.mkfifo(src / 'a.txt')  # reading it waits for a writer that never comes: the run is at work when stopped
-    p = subprocess.Popen([sys.executable, 'prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}'],
-                         cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    (src / 'a.jsonl').write_text('{"text": "one"}\n')
+    stuck = 'import json, time\njson.loads = lambda *a, **k: time.sleep(120)'  # at work, reading, when stopped
+    p = start('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}', patch=stuck)
     wait_for(tmp_path / 'data' / 'docs', timeout=30)
     time.sleep(0.2)  # past the folder's creation, into the read
     p.send_signal(signal.SIGINT)
@@ -1384,6 +1391,75 @@ def test_prepare_ctrl_c_at_work_removes_what_it_began(tmp_path):
     assert p.returncode == 130 and 'Traceback' not in err, err
     assert err.strip() == 'interrupted: no partial output was kept; run the same command again'
     assert not (tmp_path / 'data').exists()  # the folders it made are gone
+
+
+@pytest.mark.skipif(not hasattr(os, 'mkfifo'), reason='needs a named pipe')
+def test_prepare_reads_linked_folders_skips_special_files_and_a_bom_in_one_line(tmp_path):
+    src, other = tmp_path / 'docs', tmp_path / 'other'
+    src.mkdir(), other.mkdir()
+    os.mkfifo(src / 'a.txt')  # reading it would wait for a writer that never comes
+    (src / 'b.jsonl').write_text('\ufeff' + json.dumps({'text': TEXT}) + '\n', encoding='utf-8')  # a BOM first
+    (other / 'c.txt').write_text(TEXT)
+    os.symlink(other, src / 'linked')
+    os.symlink(src, other / 'loop')  # a loop of links: each folder read once
+    r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}', timeout=60)
+    assert r.returncode == 0 and r.stdout.count('note: skipped') == 1 and 'a.txt: not a regular file' in r.stdout
+    tokens = np.concatenate([read_bin(tmp_path / 'data' / 'docs' / f'{s}.bin') for s in ('train', 'val')])
+    assert (tokens == 256).sum() == 3 and len(tokens) == 2 * len(TEXT.encode()) + 3  # b, c, and c's cut
+    # a dotfile names its folder without the dot; debris that names no process is left alone
+    (tmp_path / '.notes.txt').write_text(TEXT)
+    (tmp_path / 'data' / 'notes').mkdir()
+    (tmp_path / 'data' / 'notes' / 'junk.tmp99999999999999999999').write_text('mine')
+    r = run('prepare_data.py', f'--input={tmp_path / ".notes.txt"}', f'--data_dir={tmp_path / "data"}')
+    assert r.returncode == 0 and (tmp_path / 'data' / 'notes' / 'junk.tmp99999999999999999999').exists()
+
+
+@pytest.mark.parametrize('docs', [['a' * 10_000, 'b\n' * 45_000], ['Title\n', 'x' * 60_000], ['', 'word ' * 400],
+                                  ['one line\n' * 500], ['same\n' * 100] * 40])
+@pytest.mark.parametrize('val_fraction', [0.1, 0.3])
+def test_splits_hold_val_fraction_of_the_text_within_the_tolerance(docs, val_fraction):
+    if len(docs) == 2 and docs[0] == 'Title\n':  # one document of a title line and 60 KB without line ends
+        docs = [''.join(docs)]
+    splits = prepare_data.split_train_val(docs, val_fraction)
+    train, val = (''.join(splits[s]) for s in ('train', 'val'))
+    assert sorted(train + val) == sorted(''.join(docs))  # every character once
+    assert abs(len(val) / len(train + val) - val_fraction) <= prepare_data.TOLERANCE * val_fraction
+
+
+def test_a_split_too_small_to_train_or_evaluate_on_is_refused(tmp_path):
+    (tmp_path / 'tiny.txt').write_text('x' * 300)  # val: 30 bytes
+    with pytest.raises(prepare_data.DataError, match='val split would hold only 31 tokens.*larger --val_fraction'):
+        prepare_data.prepare(None, input=str(tmp_path / 'tiny.txt'), data_dir=str(tmp_path))
+    assert not (tmp_path / 'tiny').exists()
+
+
+PINNED = {  # sha256 of the README's corpora's token files, as prepared since the laptop table's runs
+    'shakespeare': ('tinyshakespeare/input.txt', 'f15494575ff4787ada05a2f612ca4aed7bc4ff26df0f824c2832b3051c7889aa',
+                    'c05585963b772a0c69463c68b510fe39e162322d6f30b0c3a297f2ebc250f818'),
+    'pubmed': ('pubmed/ori_pqal.json', '4e85f43e2913355a9171a66c0ee1cd1a1003b27d27805ccb8bf953f5108dceb3',
+               '305a4e61b5eb726da0800cf796f8b9efaa9c8d355c9282a9ef2cbbad3bacbfde'),
+    'web': ('web/c4-sample.00000-of-00001.json.gz', '12e9563bd61f85f27878c3c1f13ce5d25fb801b4a0e111566b8b4275e7a1a5c4',
+            '70ca8d58f88308201d1d39ae0c460d65fa7e4f2df4cc433b75cb556c79c55f1a'),
+    'pydocs': ('3.11.7', 'e931b7c5241eb0b313934b87cfe34e55594796c8903f50302c31f1953eeff005',  # this Python's docs
+               '5532d1eb6ee1913bd0a0f3efe51f7af87c0df2d95999249766c710f078fb3446'),
+}
+
+
+@pytest.mark.parametrize('name', PINNED)
+def test_the_readme_corpora_split_as_they_always_did(corpus, tmp_path, name):
+    # WikiText comes split: its splits are the archive's files, as test_wikitext_zip_with_the_archives_layout checks
+    source, *want = PINNED[name]
+    if name == 'pydocs':
+        if platform.python_version() != source:
+            pytest.skip(f"pydocs is pinned for Python {source}'s docs")
+        assert [PREPARED['pydocs'][s] for s in ('train', 'val')] == want
+        return
+    path = os.path.join(os.path.dirname(HERE), 'shared', 'data', source)  # the project's offline copies, if here
+    if not os.path.exists(path):
+        pytest.skip(f"no offline copy of {name}'s source here")
+    meta = prepare_data.prepare(name, input=path, data_dir=str(tmp_path))
+    assert [prepare_data.sha256_of(tmp_path / name / f'{s}.bin') for s in ('train', 'val')] == want
+    assert meta['fingerprint'] == prepare_data.fingerprint({s: tmp_path / name / f'{s}.bin' for s in meta['tokens']})
 
 
 def test_prepare_removes_what_a_killed_run_left(tmp_path):
@@ -1644,8 +1720,8 @@ BAD_FLAGS = [
     (['--block_size=10000000'], 'lower --block_size'), (['--dataset=nowhere'], 'prepare_data.py'),
     (['--init_from=resume'], 'no checkpoint'), (['--eval_only=True'], 'no checkpoint'),
     (['--device=cuda'], 'CUDA is not available'), (['--device=mps'], 'MPS is not available'),
-    (['--device=tpu'], 'unknown'), (['--out_dir='], 'empty'), (['--out_dir=FILE'], 'cannot write'),
-    (['--out_dir=FILE/sub'], 'cannot write'),
+    (['--device=tpu'], 'unknown'), (['--out_dir='], 'empty'), (['--out_dir=FILE'], 'is not a folder'),
+    (['--out_dir=FILE/sub'], 'cannot write'), (['--out_dir=LINK'], 'is not a folder but a link to'),
     # every number is checked for its meaning
     (['--beta1=2'], '--beta1'), (['--beta2=-1'], '--beta2 must be >= 0'), (['--seed=99999999999999999999999'], '--seed'),
     (['--lr_decay_iters=-5'], '--lr_decay_iters must be >= 0'), (['--time_budget=nan'], '--time_budget must be >= 0 and finite'),
@@ -1658,9 +1734,11 @@ BAD_FLAGS = [
 def bad_flag_runs(corpus, tmp_path_factory):
     d = tmp_path_factory.mktemp('bad_flags')
     (d / 'FILE').write_text('a file where a folder should be')
+    os.symlink(d / 'nowhere', d / 'LINK')  # a link to nothing
     calls = [('train.py', f'--data_dir={corpus}', *SMALL, *([] if any('out_dir' in a for a in args) else
                                                             [f'--out_dir={d / "out"}']),
-              *[a.replace('FILE', str(d / 'FILE')) for a in args]) for args, words in BAD_FLAGS]
+              *[a.replace('FILE', str(d / 'FILE')).replace('LINK', str(d / 'LINK')) for a in args])
+             for args, words in BAD_FLAGS]
     *rs, help = scripts(*calls, ('train.py', '--help'))
     return dict(zip([tuple(args) for args, words in BAD_FLAGS], rs)), d, help
 
@@ -1741,6 +1819,9 @@ def test_bad_data_and_checkpoints_are_refused_clearly_and_a_run_is_never_overwri
         'rng': ckpt | dict(rng=[dict(ckpt['rng'][0], torch=torch.zeros(3, dtype=torch.uint8))]),
         'names': ckpt | dict(model={k.replace('.f.W', '.f.c_fc'): v for k, v in ckpt['model'].items()}),
         'garbage': b'not a checkpoint',
+        'iter_num_negative': ckpt | dict(iter_num=-5), 'best_val_loss_nan': ckpt | dict(best_val_loss=math.nan),
+        'dtype_bogus': ckpt | dict(config=ckpt['config'] | dict(dtype='bogus')),
+        'one_rank_of_two': ckpt | dict(world_size=2),  # a 2-rank run's checkpoint with one rank's random state
     }
     for name, c in broken.items():
         os.makedirs(tmp_path / 'ck' / name)
@@ -1750,7 +1831,55 @@ def test_bad_data_and_checkpoints_are_refused_clearly_and_a_run_is_never_overwri
             torch.save(c, tmp_path / 'ck' / name / 'ckpt.pt')
     rs = scripts(*[trains(corpus, tmp_path / 'ck' / name, '--init_from=resume', '--max_iters=4') for name in broken])
     for name, r in zip(broken, rs):
-        assert one_line_error(r, 'another version of model.py' if name == 'names' else 'ckpt.pt'), (name, r.stderr)
+        words = {'names': 'another version of model.py', 'iter_num_negative': 'is corrupt: iter_num=-5',
+                 'best_val_loss_nan': 'is corrupt: best_val_loss=nan', 'dtype_bogus': "dtype='bogus' is not one of",
+                 'one_rank_of_two': 'lacks a random state per rank'}.get(name, 'ckpt.pt')
+        assert one_line_error(r, words), (name, r.stderr)
+
+
+def test_a_run_names_its_corpus_and_another_text_under_that_name_is_refused(tmp_path):
+    data, out = tmp_path / 'data', tmp_path / 'out'
+    for i, name in enumerate(('a.txt', 'b.txt')):
+        (tmp_path / name).write_text(TEXT[i:] * 3)
+    fp = prepare_data.prepare(None, input=str(tmp_path / 'a.txt'), name='sx', data_dir=str(data))['fingerprint']
+    trained, again, forced, evaluated, resumed = scripts(
+        trains(data, out, '--dataset=sx', '--max_iters=2', '--eval_interval=2'),
+        ('prepare_data.py', f'--input={tmp_path / "b.txt"}', '--name=sx', f'--data_dir={data}'),
+        ('prepare_data.py', f'--input={tmp_path / "b.txt"}', '--name=sx', f'--data_dir={data}', '--force'),
+        trains(data, out, '--eval_only=True'), trains(data, out, '--init_from=resume', '--max_iters=4'))
+    assert trained.returncode == 0 and forced.returncode == 0, trained.stderr + forced.stderr
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['fingerprint'] == fp == metrics(out)[0]['fingerprint']
+    assert one_line_error(again, "prepared from other input (the source and the input's content differ); --force")
+    for r in (evaluated, resumed):
+        assert one_line_error(r, f"as it was then (corpus fingerprint {fp[:12]}), and that folder now holds other")
+    assert [m['event'] for m in metrics(out)].count('start') == 1
+    # the same file, changed: needs --force too; token files changed after preparation: the loader says so
+    (tmp_path / 'b.txt').write_text(TEXT * 4)
+    with pytest.raises(prepare_data.DataError, match=r"\(the input's content differs\); --force"):
+        prepare_data.prepare(None, input=str(tmp_path / 'b.txt'), name='sx', data_dir=str(data))
+    tokens = read_bin(data / 'sx' / 'val.bin')
+    tokens[:2] = tokens[1::-1] + (tokens[0] == tokens[1])  # same size, same vocabulary, other text
+    tokens.tofile(data / 'sx' / 'val.bin')
+    with pytest.raises(prepare_data.DataError, match='fingerprint differs.*--force'):
+        prepare_data.load(str(data), 'sx', 32)
+
+
+def test_a_best_only_checkpoint_says_what_it_holds_and_the_final_evaluation_scores_it(corpus, tmp_path):
+    out = tmp_path / 'out'
+    assert train(corpus, out, '--max_iters=2', '--eval_interval=2').returncode == 0
+    ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
+    torch.save(ckpt | dict(best_val_loss=1e-3), out / 'ckpt.pt')  # a best estimate that no later one beats
+    extended, evaluated, seeded = scripts(
+        trains(corpus, out, '--init_from=resume', '--max_iters=4', '--eval_interval=1',
+               '--always_save_checkpoint=False'),
+        trains(corpus, out, '--eval_only=True'), trains(corpus, out, '--init_from=resume', '--seed=2'))
+    assert extended.returncode == 0, extended.stderr
+    assert f"checkpoint {out / 'ckpt.pt'} at iteration 2 (val loss {ckpt['val_loss']:.4f}, the best" in extended.stdout
+    final = metrics(out)[-1]
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 2
+    assert (final['iter'], final['model_iter'], final['model_tokens']) == (4, 2, ckpt['tokens'])
+    assert f"ppl {final['val_ppl']:.3f}" in evaluated.stdout  # --eval_only scores the model the final record scored
+    assert one_line_error(seeded, '--seed=2 here but the run started with seed 1337')
 
 
 def test_non_finite_and_diverging_runs_stop_without_a_traceback(corpus, tmp_path):
@@ -1795,6 +1924,7 @@ def test_test_split_is_evaluated_at_the_end(corpus, tmp_path):
         (d / f).write_bytes(open(os.path.join(corpus, 'pydocs', f), 'rb').read())
     (d / 'test.bin').write_bytes(open(os.path.join(corpus, 'pydocs', 'val.bin'), 'rb').read())
     meta['tokens']['test'], meta['bytes']['test'] = meta['tokens']['val'], meta['bytes']['val']
+    meta['fingerprint'] = prepare_data.fingerprint({s: d / f'{s}.bin' for s in meta['tokens']})
     (d / 'meta.json').write_text(json.dumps(meta))
     r, = scripts(trains(tmp_path / 'data', tmp_path / 'out', '--max_iters=2'))
     assert r.returncode == 0 and 'full test split' in r.stdout
@@ -1894,6 +2024,8 @@ def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(ddp_runs):
     assert full(r.stdout) == full(ranked.stdout) == pytest.approx(full(single.stdout), abs=2e-4)  # shared windows
     # resumed as one process: the tokens count what was trained, 6 x 2 ranks, then 2 x 1
     assert resumed.returncode == 0, resumed.stderr
+    assert 'note: the checkpoint was trained by 2 process(es), this run has 1: the batches continue in a new order' \
+        in resumed.stdout  # said, not silent
     assert [m for m in metrics(tmp_path) if m['event'] == 'final'][-1]['tokens'] == (6 * 2 + 2) * 4 * 32
 
 
@@ -1968,7 +2100,7 @@ def nan_at(self, idx, targets=None, cache=None):
     f = sys._getframe(1)
     while f and not f.f_code.co_filename.endswith('train.py'):
         f = f.f_back
-    if f and f.f_code.co_name == '<module>' and f.f_globals['iter_num'] in at:
+    if self.training and f and f.f_code.co_name == '<module>' and f.f_globals['iter_num'] in at:
         at.remove(f.f_globals['iter_num'])
         loss = loss * float('nan')  # the training step of that iteration, once
     return logits, loss
@@ -1996,7 +2128,8 @@ def nan_runs(corpus, tmp_path_factory):
 def test_a_nan_between_checkpoints_stops_the_run_and_the_last_good_checkpoint_resumes(nan_runs, run, at):
     d, rs = nan_runs
     r, resumed = rs[:2] if run == 'a' else rs[2:4]
-    assert r.returncode == 3 and f'not finite at iteration {at}' in r.stderr, r.stderr[-2000:]
+    # the step taken at iter_num 12 is the one the log prints as "iter 13": the NaN is named as the log names it
+    assert r.returncode == 3 and f'not finite at iteration {at + 1} ' in r.stderr, r.stderr[-2000:]
     assert 'the last checkpoint is at iteration 10:' in r.stderr and one_line_error(r, '--init_from=resume')
     assert resumed.returncode == 0 and 'at iteration 10' in resumed.stdout, resumed.stderr
     ckpt = torch.load(d / run / 'ckpt.pt', weights_only=True)
@@ -2166,6 +2299,18 @@ def test_ctrl_c_during_start_up_stops_with_one_line(corpus, tmp_path, moment):
     assert last.startswith('interrupted') and err.strip() == ''
 
 
+@pytest.mark.parametrize('script', ['train.py', 'bench.py', 'prepare_data.py'])
+def test_each_script_installs_its_ctrl_c_handler_before_its_first_slow_import(script):
+    # a Ctrl-C 30 ms after the start lands in the imports: only os, signal and sys may come before the handler
+    for node in ast.parse(open(os.path.join(HERE, script)).read()).body:
+        if 'signal.signal(signal.SIGINT' in ast.unparse(node):
+            break
+        names = {a.name for a in node.names} if isinstance(node, (ast.Import, ast.ImportFrom)) else set()
+        assert names <= {'os', 'signal', 'sys'}, f"{script} imports {names} before its Ctrl-C handler"
+    else:
+        raise AssertionError(f"{script} installs no Ctrl-C handler")
+
+
 @pytest.mark.parametrize('script, module', [('bench.py', 'torch'), ('prepare_data.py', 'numpy')])
 def test_ctrl_c_during_the_imports_of_bench_and_prepare_data(tmp_path, script, module):
     # a stand-in for the slow import (torch: seconds) that says when it has begun, so the signal lands inside it
@@ -2293,12 +2438,15 @@ def test_two_trainers_never_share_an_out_dir_and_a_corpus_in_use_is_not_prepared
                                                                     ['--attn=coupled', '--seed=3'])],
                           ('prepare_data.py', f'--input={tmp_path / "other.txt"}', '--name=pydocs',
                            f'--data_dir={corpus}', '--force'))
+        os.remove(out / 'train.lock')  # deleting that file defeats nothing: the folder itself is locked
+        unlocked = run(*trains(corpus, out, '--seed=4'))
         assert first.poll() is None  # held: the refusals came while it trained
     finally:
         go.touch()  # whatever happened, the held run goes on
     for r in refused[:3]:
         assert one_line_error(r, 'is in use by a running train.py') and f'pid {first.pid}' in r.stderr, r.stderr
     assert one_line_error(refused[3], 'is being read by a running train.py'), refused[3].stderr
+    assert one_line_error(unlocked, 'is in use by a running train.py'), unlocked.stderr
     out_, err = first.communicate(timeout=240)
     assert first.returncode == 0, err[-2000:]
     log = metrics(out)
@@ -2308,6 +2456,12 @@ def test_two_trainers_never_share_an_out_dir_and_a_corpus_in_use_is_not_prepared
     assert json.load(open(os.path.join(corpus, 'pydocs', 'meta.json')))['corpus'] == 'pydocs'
     ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
     assert ckpt['iter_num'] == log[-1]['iter'] and ckpt['config']['seed'] == 1 and ckpt['config']['attn'] == 'standard'
+    # its checkpoint deleted, a new run in its folder: the finished run's log is kept, not truncated
+    before = (out / 'metrics.jsonl').read_text()
+    os.remove(out / 'ckpt.pt')
+    new = train(corpus, out, '--max_iters=1', '--seed=5')
+    assert new.returncode == 0 and f"kept as {out / 'metrics.jsonl.1'}" in new.stdout
+    assert (out / 'metrics.jsonl.1').read_text() == before and metrics(out)[0]['config']['seed'] == 5
     # started at the same moment on an empty folder: one trains, the other is refused and touches nothing
     both = [start(*trains(corpus, tmp_path / 'new', '--max_iters=6', f'--seed={s}')) for s in (1, 2)]
     ends = [(p.communicate(timeout=240)[1], p.returncode) for p in both]
@@ -2336,24 +2490,28 @@ def test_a_full_disk_while_saving_or_logging_is_one_line_and_the_last_checkpoint
 # ---------------------------------------------------------------------------------------------------------------
 # bench.py --report: rows of comparable runs, the tokens standard needs, curves
 
-def fake_run(folder, evals, final_ppl, world_size=1, attn_last=None, **config):
+def fake_run(folder, evals, final_ppl, world_size=1, attn_last=None, fingerprint=None, model_iter=None, **config):
     """A finished run's metrics.jsonl: a start record, evals [(tokens, val_loss)] (the last with the attention
-    diagnostics attn_last, if given), a final record (128 tokens an iteration); final_ppl=None: no final."""
+    diagnostics attn_last, if given), a final record (128 tokens an iteration); final_ppl=None: no final (the run
+    stopped). fingerprint: its corpus's (None: an older run's log); model_iter: the iteration of the model the final
+    scored (a best-only checkpoint's)."""
     cfg = dict(dataset='pydocs', attn='standard', n_layer=2, n_head=4, n_embd=128, block_size=32, bias=False,
                pos='learned', batch_size=4, gradient_accumulation_steps=1, eval_iters=2, learning_rate=1e-3,
                max_iters=evals[-1][0] // 128, seed=1) | config
     os.makedirs(folder)
-    log_records(folder, dict(event='start', iter=0, config=cfg, world_size=world_size, tokens=0))
-    log_evals(folder, evals, final_ppl, attn_last)
+    log_records(folder, dict(event='start', iter=0, config=cfg, world_size=world_size, tokens=0)
+                | ({'fingerprint': fingerprint} if fingerprint else {}))
+    log_evals(folder, evals, final_ppl, model_iter, attn_last)
     return cfg
 
 
-def log_evals(folder, evals, final_ppl=None, attn_last=None):
+def log_evals(folder, evals, final_ppl=None, model_iter=None, attn_last=None):
     records = [dict(event='eval', iter=t // 128, tokens=t, val_loss=loss, qk=[]) for t, loss in evals]
     log_records(folder, *records[:-1], records[-1] | ({} if attn_last is None else dict(attn=attn_last)))
     if final_ppl is not None:
         log_records(folder, dict(event='final', iter=evals[-1][0] // 128, tokens=evals[-1][0],
-                                 val_loss=math.log(final_ppl), val_ppl=final_ppl))
+                                 val_loss=math.log(final_ppl), val_ppl=final_ppl)
+                    | (dict(model_iter=model_iter, model_tokens=model_iter * 128) if model_iter is not None else {}))
 
 
 def log_records(folder, *records):
@@ -2511,6 +2669,40 @@ def test_report_gives_the_attention_per_layer_and_reads_older_logs_as_before(tmp
                                                 '0.550 0.300 |']}  # per layer, mean over the seeds
     code, old, err = bench_report(capsys, monkeypatch, f'--report={runs / "coupled-s1"}')
     assert code == 0 and 'Attention' not in old and '| pydocs | coupled | 1 |' in old  # older logs: as before
+
+def test_report_never_averages_two_corpora_and_says_which_model_and_run_it_reads(tmp_path, capsys, monkeypatch):
+    runs, a, b = tmp_path / 'runs', 'a' * 64, 'b' * 64
+    fake_run(runs / 'standard-s1', [(0, 5.0), (128, 3.0)], 8.0, fingerprint=a)
+    fake_run(runs / 'coupled-s1', [(0, 5.0), (128, 3.0)], 8.0, attn='coupled', fingerprint=a)
+    fake_run(runs / 'coupled-s2', [(0, 5.0), (128, 3.0)], 9.0, attn='coupled', seed=2, fingerprint=b)  # re-prepared
+    os.makedirs(runs / 'coupled-s3')
+    os.symlink(runs / 'coupled-s1' / 'metrics.jsonl', runs / 'coupled-s3' / 'metrics.jsonl')  # s1's log, linked
+    # best-only: the final scored the checkpoint of iteration 1 of 2; an extension from it then stopped
+    cfg = fake_run(runs / 'best-s1', [(0, 5.0), (128, 3.0), (256, 3.5)], 7.0, model_iter=1)
+    resume_run(runs / 'best-s1', cfg, 1, [(256, 3.4)], max_iters=9)
+    # a finished run resumed with only --seed=2 (nothing trained): still seed 1, beside a seed 2
+    cfg = fake_run(runs / 'rerun-s1', [(0, 5.0), (128, 3.0)], 8.0)
+    resume_run(runs / 'rerun-s1', cfg, 1, [(128, 3.0)], 8.0, seed=2)
+    fake_run(runs / 'rerun-s2', [(0, 5.0), (128, 3.0)], 9.0, seed=2)
+    lines = open(runs / 'rerun-s2' / 'metrics.jsonl').readlines()  # a log whose lines were shuffled
+    fake_run(runs / 'shuffled-s1', [(0, 5.0)], 1.0)
+    (runs / 'shuffled-s1' / 'metrics.jsonl').write_text(''.join(lines[:1] + lines[:0:-1]))
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
+    assert code == 0, err
+    rows = report_rows(out)
+    assert set(rows) == {'standard', f'coupled [fingerprint={a[:12]}]', f'coupled [fingerprint={b[:12]}]', 'best',
+                         'rerun'}, out
+    assert rows[f'coupled [fingerprint={a[:12]}]'][2:5] == ['1', '8.000', '+0.0%']  # s3 is s1: counted once
+    assert rows[f'coupled [fingerprint={b[:12]}]'][2:5] == ['1', '9.000', '-']  # no standard ran on that text
+    assert 'pydocs/coupled: its runs trained on different texts under the name pydocs' in err
+    assert 'coupled-s1/metrics.jsonl and ' in err and 'are one file (a link); counted once' in err
+    assert rows['best'][3] == '7.000' and rows['best'][8] == '128'  # the checkpoint's model, at its tokens
+    assert "best-s1/metrics.jsonl: its result is its best-only checkpoint's model, iteration 1 of 2" in err
+    assert rows['rerun'][2:4] == ['2', '8.500 +- 0.707'] and 'share seed' not in err
+    assert 'shuffled-s1/metrics.jsonl: its records are out of order' in err
+    # runs logged before corpora had fingerprints: one row, as before
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs / "rerun-s1"},{runs / "rerun-s2"}')
+    assert code == 0 and set(report_rows(out)) == {'rerun'} and err == ''
 
 
 BAD_RECORDS = {  # what a broken or hand-edited log may hold; each record is skipped with a warning
@@ -2720,6 +2912,8 @@ def test_bench_writes_one_record_per_variant_and_mode(tmp_path, capsys, monkeypa
     (['--new_tokens=0'], '--new_tokens'), (['--warmup=-1'], '--warmup'),
     (['--json_out=/nonexistent/dir/b.jsonl'], 'json_out'), (['--device=tpu'], 'unknown'),
     (['--plot=c.png'], '--report'), (['--plan', '--world_size=3'], '--world_size=3'),
+    (['--report='], 'names an empty folder'), (['--report=runs,'], 'empty folder'),
+    (['--attn=coupled', '--qk_steps=8'], 'qk_steps must be in 1..7'), (['--qk_hidden=0'], 'qk_hidden must be'),
 ])
 def test_bench_bad_flags_give_one_clear_line(args, words, capsys, monkeypatch):
     r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, *args))
@@ -2872,11 +3066,7 @@ def test_lab_is_laid_out_and_fits_90_minutes():
 
 
 def test_lab_scripts_run_and_draw_their_picture_or_say_how_to_get_it(lab):
-    try:
-        import matplotlib  # noqa: F401
-        drawn = True
-    except ImportError:
-        drawn = False
+    drawn = importlib.util.find_spec('matplotlib') is not None  # the scripts draw where matplotlib imports
     for key in (1, 2, 3, 4, 5):
         out = lab_output(lab, key)
         assert out.strip() and not re.search(r'\bnan\b', out.lower()), key
@@ -3081,6 +3271,23 @@ def spring(integrator, dt, c=1.0, steps=1):
     return h
 
 
+def energy_error(h, H, steps):
+    """The largest |H(q, k) - H0| over `steps` calls of h (one head of one dimension) from rest at q = 1; |q| at the
+    end."""
+    q, k = torch.ones(1, 1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, 1, 1, dtype=torch.float64)
+    worst, e0 = 0.0, H(q.item(), k.item())
+    with torch.no_grad():
+        for _ in range(steps):
+            q, k = h(q, k)
+            worst = max(worst, abs(H(q.item(), k.item()) - e0))
+    return worst, abs(q.item())
+
+
+def pendulum_energy_error(integrator, dt):  # exercise 1's: the largest |H - H0| to time 20, H = 1/2 k^2 - cos q
+    h = Pendulum(1, 1, 1, 1, integrator, dt=dt).double()
+    return energy_error(h, lambda q, k: 0.5 * k ** 2 - math.cos(q), round(20 / dt))[0]
+
+
 def test_lab_answer_1_the_pendulum_holds_its_numbers_and_formulas(lab):
     answer = lab_section(1, lab_text('ANSWERS.md'))
     e, halving, long, det_gap = exercise_1_rows(lab_output(lab, 1))
@@ -3121,15 +3328,8 @@ def test_lab_answer_1_the_pendulum_holds_its_numbers_and_formulas(lab):
     # the modified energy k^2/2 + c (1 - c dt^2/4) q^2/2 is kept, H is not); the model takes one step by default
     assert number_in(r'unstable once `dt > (\d+)`', answer) == 2
 
-    def worst_energy_error(h, steps=400):
-        q, k = torch.ones(1, 1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, 1, 1, dtype=torch.float64)
-        H = lambda q, k: (k.item() ** 2 + h.c * q.item() ** 2) / 2
-        worst, e0 = 0.0, H(q, k)
-        with torch.no_grad():
-            for _ in range(steps):
-                q, k = h(q, k)
-                worst = max(worst, abs(H(q, k) - e0))
-        return worst, abs(q.item())
+    def worst_energy_error(h, steps=400):  # the spring's H = (k^2 + c q^2)/2
+        return energy_error(h, lambda q, k: (k ** 2 + h.c * q ** 2) / 2, steps)
     assert worst_energy_error(spring('leapfrog', 1.9))[0] < 10 < 1e6 < worst_energy_error(spring('leapfrog', 2.1))[0]
     runaway, inverted = worst_energy_error(spring('leapfrog', 0.1, c=-1.0), 40), worst_energy_error(
         spring('leapfrog', 0.1, c=-1.0), 80)
@@ -3167,7 +3367,7 @@ def test_lab_answer_2_volume_return_symplecticity_hold_their_formulas(lab):
     det = stated_formula(r"Euler's single step has `det J = (.*?)`", answer)
     h = hamiltonian('euler', hs=4, nh=1)
     x = torch.randn(8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    hess = torch.autograd.functional.hessian(lambda q: h.V(q.view(1, 1, 1, 4)).sum(), x[:4])
+    hess = torch.autograd.functional.hessian(lambda q: h.f.V(q.view(1, 1, 1, 4)).sum(), x[:4])
     dt = h.dt.item()
     assert abs(jacobian_det(h, 4) - formula(det, det=torch.linalg.det, I=torch.eye(4, dtype=torch.float64), dt=dt,
                                             Hess=hess, V=1).item()) < 1e-10
@@ -3185,8 +3385,9 @@ def test_lab_answer_2_volume_return_symplecticity_hold_their_formulas(lab):
             1, 1, 1, 1)), -1).flatten(), torch.tensor([0.7, 0.2], dtype=torch.float64))
         assert abs(torch.linalg.det(J).item() - formula(quadratic, c=c, dt=dt)) < 1e-12
     assert abs(formula(quadratic, c=-2.0, dt=formula(vanishes, c=-2.0))) < 1e-12
-    # the free force: its Jacobian is the stated A diag(silu'(W q + b)) W, not symmetric; ex2 shows how far off
-    mlp = M.HeadMLP(1, 4, 6, 4, w_std=1.0).double()
+    # the model's free force: its Jacobian is the stated A diag(silu'(W q + b)) W, not symmetric; ex2 shows how far off
+    torch.manual_seed(0)
+    mlp = FORCES['mlp'](1, 4, 6, w_std=1.0).double()
     with torch.no_grad():
         mlp.b.normal_()
     assert "`df/dq = A diag(silu'(W q + b)) W`" in answer
@@ -3310,9 +3511,16 @@ def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_t
     assert 'mine' not in INTEGRATORS and 'mine' not in QK_TRANSFORMS  # a new name: a built-in's is refused
     try:
         exec(lab_text('ex6_mine.py'), dict(vars(M)))
-        assert 3.5 < check_promises('mine') < 4.5  # order 2, as leapfrog's
-        counted, priced = counted_and_priced_matmul_flops('mine', 2)
-        assert counted == priced > 0
+        for claim in CLAIMS:
+            test_each_entry_keeps_what_it_promises('mine', claim)
+            if claim != 'identity_at_zero':
+                test_each_integrator_keeps_what_it_promises_under_the_potential('mine', claim)
+        ratio, _ = measure(lambda steps: entry_map('mine', steps), 'order')
+        assert 3.5 < ratio < 4.5  # order 2, as leapfrog's
+        for steps in (1, 3):
+            counted, priced = counted_and_priced_matmul_flops('mine', steps)
+            assert counted == priced > 0
+            test_every_entrys_elementwise_price_is_what_is_counted('mine', steps)
     finally:
         INTEGRATORS.pop('mine', None), QK_TRANSFORMS.pop('mine', None)
     # exercise 2 takes it as an argument (as exercise 1 does): its row is leapfrog's
@@ -3327,37 +3535,44 @@ def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_t
     # the answer's claims about the steps students pick: drift-kick-drift, Runge-Kutta
     answer = lab_section(6, lab_text('ANSWERS.md'))
 
-    def dkd(h, q, k, dt, kick=None):
+    def dkd(h, q, k, dt):
         q = q + dt / 2 * k
         k = k + h.force(q, dt)
-        return q + dt / 2 * k, k, None
+        return q + dt / 2 * k, k
 
-    def rk4(h, q, k, dt, kick=None):  # the classical fourth-order Runge-Kutta step of q' = k, k' = F(q)
+    def rk4(h, q, k, dt):  # the classical fourth-order Runge-Kutta step of q' = k, k' = F(q)
         k1q, k1k = k, h.force(q)
         k2q, k2k = k + dt / 2 * k1k, h.force(q + dt / 2 * k1q)
         k3q, k3k = k + dt / 2 * k2k, h.force(q + dt / 2 * k2q)
         k4q, k4k = k + dt * k3k, h.force(q + dt * k3q)
-        return q + dt / 6 * (k1q + 2 * k2q + 2 * k3q + k4q), k + dt / 6 * (k1k + 2 * k2k + 2 * k3k + k4k), None
+        return q + dt / 6 * (k1q + 2 * k2q + 2 * k3q + k4q), k + dt / 6 * (k1k + 2 * k2k + 2 * k3k + k4k)
     assert 'Drift-kick-drift is symplectic, symmetric and of order 2, with one force a step' in answer
     assert 'Runge-Kutta step is of order 4 but neither symplectic nor symmetric' in answer
-    monkeypatch.setitem(M.INTEGRATORS, 'dkd', Integrator(dkd, symplectic=True, symmetric=True, order=2))
-    check_promises('dkd')
-    # Runge-Kutta: its state's error is fourth order, its energy's falls the stated factor per halving of dt, so the
-    # order check (which measures the energy's) refutes a claim of 4 and takes the stated one
+    monkeypatch.setitem(M.INTEGRATORS, 'dkd', Integrator(dkd, symplectic=True, volume_preserving=True, symmetric=True,
+                                                         order=2, forces=1, vector_ops=5))
+    for what in CLAIMS[:-1]:
+        test_each_integrator_keeps_what_it_promises_under_the_potential('dkd', what)
+    # Runge-Kutta: its state's error falls 2^4 per halving of dt, so the order test (which measures the state's) takes
+    # a claim of 4; its energy's error on exercise 1's pendulum falls the stated factor, faster
+    falls, claim = re.search(r'measures the state.s error, which falls about (\d+)x per halving of `dt`, so a claim '
+                             r'of order (\d) passes', answer).groups()
+    monkeypatch.setitem(M.INTEGRATORS, 'rk4', Integrator(rk4, symplectic=False, volume_preserving=False,
+                                                         symmetric=False, order=int(claim), forces=4, vector_ops=26))
+    for what in CLAIMS[:-1]:
+        test_each_integrator_keeps_what_it_promises_under_the_potential('rk4', what)
+    ratio, _ = measure(lambda steps: one_head(Hamiltonian(1, 4, 8, steps, 'rk4')), 'order')
+    assert abs(ratio / int(falls) - 1) < 0.1 and int(falls) == 2 ** int(claim)
     state = []
-    for dt in (0.1, 0.05, 0.00625):
-        h = Pendulum(1, 1, 1, round(2 / dt), 'euler', dt=dt).double()  # to time 2 in one call, then stepped by rk4
-        monkeypatch.setattr(h, 'step', lambda q, k, dt, kick=None, h=h: rk4(h, q, k, dt))
+    for dt in (0.1, 0.05, 0.00625):  # the pendulum's state at time 2
+        h = Pendulum(1, 1, 1, round(2 / dt), 'rk4', dt=dt).double()
         with torch.no_grad():
             h.dt.fill_(dt)
         state.append(torch.cat(h(torch.ones(1, 1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, 1, 1,
                                                                                               dtype=torch.float64))))
     assert 14 < (state[0] - state[2]).norm() / (state[1] - state[2]).norm() < 18  # 2^4
-    factor, claim = re.search(r'falls about (\d+)x per halving of `dt`, so a claim of order 4 fails.*?claim of (\d)',
-                              answer).groups()
-    monkeypatch.setitem(M.INTEGRATORS, 'rk4', Integrator(rk4, symplectic=False, symmetric=False, order=int(claim)))
-    ratio = check_promises('rk4')
-    assert abs(ratio / int(factor) - 1) < 0.05 and not 0.7 * 2 ** 4 < ratio < 1.4 * 2 ** 4  # check_promises refutes 4
+    factor = number_in(r'its energy error on the pendulum falls about (\d+)x per halving', answer)
+    energy = pendulum_energy_error('rk4', 0.1) / pendulum_energy_error('rk4', 0.05)
+    assert abs(energy / factor - 1) < 0.05 and energy > 1.4 * 2 ** 4  # faster than the order says
     calls = []
 
     class Counted(Hamiltonian):

@@ -9,15 +9,9 @@ Train a GPT with any attention variant: one flat loop, nanoGPT-shaped. Every set
 Flags (--key=value) > a --preset > the values below; resume, eval and sample take the model and training
 settings no flag gives from the checkpoint.
 """
-import json
-import math
 import os
-import shlex
 import signal
 import sys
-import time
-from contextlib import nullcontext, suppress
-from dataclasses import fields
 
 # Ctrl-C: one line and exit code 130, from the first line on; a checkpoint being written is finished first
 phase, iter_num, saved_iter, saving, interrupted = 'before training', 0, None, False, False
@@ -43,12 +37,21 @@ def resume_hint():
 
 def say(line):  # os.write: the handler may cut into a print() holding stdout's buffer
     if master:
-        with suppress(RuntimeError):
+        try:
             sys.stdout.flush()
+        except RuntimeError:
+            pass
         os.write(sys.stdout.fileno(), f"\n{line}\n".encode())
 
 
 signal.signal(signal.SIGINT, on_ctrl_c)
+
+import json
+import math
+import shlex
+import time
+from contextlib import nullcontext, suppress
+from dataclasses import fields
 
 import numpy as np
 import torch
@@ -146,8 +149,10 @@ def parse_value(key, text):
 def check(settings):  # flags' values; the types of a checkpoint's settings
     for k, v in settings.items():
         kind, low = type(defaults[k]), '> 0' if k in POSITIVE.split() else '>= 0'
-        if not isinstance(v, (int, float) if kind is float else kind):
-            die(f"{ckpt_path} is corrupt: its {k}={v!r} is not a {kind.__name__}")
+        if not isinstance(v, (int, float) if kind is float else kind) or (k in CHOICES and v not in CHOICES[k]):
+            die(f"{ckpt_path} is corrupt: its {k}={v!r} is not " + (
+                f"one of {', '.join(map(repr, CHOICES[k]))}" if k in CHOICES else f"a {kind.__name__}")
+                + "; resume from an intact copy, or train in another --out_dir")
         if kind in (int, float) and not (0 <= v < BELOW.get(k, math.inf) and (v > 0 or low == '>= 0')):
             die(f"--{k} must be {low}{f' and < {BELOW[k]}' if k in BELOW else ''} and finite, got {v}")
 
@@ -171,26 +176,36 @@ if not out_dir.strip():
     die("--out_dir is empty; name a folder")
 check(settings)
 
-# a run owns its out_dir: out_dir/train.lock, locked (not on Windows) until the process ends
+# a run owns its out_dir: the folder itself flocked (not on Windows) until the process ends; train.lock says by whom
 trains = not (settings['eval_only'] or settings['sample'])
 phase = 'before training' if trains else 'read only'
 if trains and master:
     try:
         os.makedirs(out_dir, exist_ok=True)
-        lock = open(os.path.join(out_dir, 'train.lock'), 'a+')
         with suppress(ImportError):
             import fcntl
+            lock = os.open(out_dir, os.O_RDONLY)  # the folder: a lock on a file inside goes with the file's deletion
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        lock.truncate(0)
-        print(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}", file=lock, flush=True)
+        with open(os.path.join(out_dir, 'train.lock'), 'w') as f:
+            print(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}", file=f)
         if settings['init_from'] == 'scratch' and os.path.exists(ckpt_path):
             die(f"{out_dir}/ holds a run; continue it with --init_from=resume, or train in another --out_dir")
-        open(os.path.join(out_dir, 'metrics.jsonl'), 'w' if settings['init_from'] == 'scratch' else 'a').close()
+        log_path = os.path.join(out_dir, 'metrics.jsonl')
+        if settings['init_from'] == 'scratch' and os.path.isfile(log_path) and os.path.getsize(log_path):
+            kept = next(f"{log_path}.{i}" for i in range(1, 10 ** 6) if not os.path.exists(f"{log_path}.{i}"))
+            os.replace(log_path, kept)  # an earlier run's records (its checkpoint gone): kept, out of the report
+            print(f"note: {log_path} held an earlier run's records; kept as {kept}")
         with suppress(OSError):
             os.remove(ckpt_path + '.tmp')  # a save cut short
     except BlockingIOError:
-        die(f"{out_dir}/ is in use by a running train.py ({lock.seek(0) or lock.read().strip()}); wait for it, or "
-            "train in another --out_dir")
+        who = ''
+        with suppress(OSError):
+            who = open(os.path.join(out_dir, 'train.lock')).read().strip()
+        die(f"{out_dir}/ is in use by a running train.py ({who or 'its pid unknown'}); wait for it, or train in "
+            "another --out_dir")
+    except FileExistsError:  # os.makedirs: a file, or a link to nothing, in the way
+        to = f" but a link to {os.readlink(out_dir)}, which does not exist" if os.path.islink(out_dir) else ''
+        die(f"--out_dir={out_dir} is not a folder{to}; choose another --out_dir")
     except OSError as e:
         die(f"cannot write to --out_dir={out_dir} ({e.strerror or e}); choose a writable folder")
 
@@ -208,10 +223,21 @@ if settings['init_from'] == 'resume' or not trains:
         die(f"{ckpt_path} cannot be read ({why(e)}); it is corrupt or not from train.py")
     clash = [f"--{k}={given[k]!r} here but {ckpt_args[k]!r} in the checkpoint" for k in MODEL_KEYS
              if k in given and k in ckpt_args and ckpt_args[k] != given[k]]
+    if trains and 'seed' in given and given['seed'] != taken.get('seed', given['seed']):  # (its RNG state continues)
+        clash.append(f"--seed={given['seed']} here but the run started with seed {taken['seed']}")
     if clash:
-        die(f"{ckpt_path} holds a different model: {'; '.join(clash)}; drop those flags, or train in another --out_dir")
+        die(f"{ckpt_path} holds a different run: {'; '.join(clash)}; drop those flags, or train in another --out_dir")
     settings |= {k: v for k, v in taken.items() if k not in given}
     check(settings)
+    # the checkpoint's own fields, checked as flags are: counts are ints >= 0 (world_size >= 1), numbers finite, >= 0
+    counts, rngs = {k: checkpoint.get(k) for k in ('iter_num', 'tokens', 'world_size')}, checkpoint.get('rng')
+    bad = [f"{k}={v!r}" for k, v in counts.items() if type(v) is not int or v < (k == 'world_size')]
+    bad += [f"{k}={checkpoint.get(k)!r}" for k in ('train_time', 'best_val_loss')
+            if type(checkpoint.get(k)) not in (int, float) or not 0 <= checkpoint[k] < math.inf]
+    if bad or not (isinstance(rngs, list) and len(rngs) == counts['world_size']
+                   and all(isinstance(r, dict) and {'batches', 'torch'} <= set(r) for r in rngs)):
+        die(f"{ckpt_path} is corrupt: " + (', '.join(bad) or "it lacks a random state per rank")
+            + "; resume from an intact copy, or train in another --out_dir")
 config = settings  # saved in the checkpoint
 globals().update(settings)
 
@@ -250,6 +276,10 @@ except prepare_data.DataError as e:
 if checkpoint is not None and ckpt_args['vocab_size'] != meta['vocab_size']:
     die(f"the checkpoint's vocabulary has {ckpt_args['vocab_size']} tokens, {data_dir}/{dataset}'s "
         f"{meta['vocab_size']}; name its dataset with --dataset")
+if checkpoint is not None and not sample and checkpoint.get('fingerprint') not in (None, meta['fingerprint']):
+    die(f"{ckpt_path} was trained on {data_dir}/{dataset} as it was then (corpus fingerprint "
+        f"{checkpoint['fingerprint'][:12]}), and that folder now holds other text ({meta['fingerprint'][:12]}); "
+        f"prepare the run's text again (prepare_data.py --force), or name its corpus with --dataset")
 train_gen = torch.Generator().manual_seed(seed + rank)  # each rank its own batches
 
 
@@ -268,7 +298,7 @@ def get_batch(split, gen):
 
 model_args = {k: config[k] for k in MODEL_KEYS} | dict(vocab_size=meta['vocab_size'])
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_size
-best_val_loss, train_time, tokens = 1e9, 0.0, 0
+best_val_loss, saved_val, train_time, tokens = 1e9, math.nan, 0.0, 0
 try:
     model = GPT(GPTConfig(**model_args), verbose=master)
 except ValueError as e:
@@ -316,6 +346,7 @@ if checkpoint is not None and trains:
     try:
         optimizer.load_state_dict(checkpoint['optimizer'])
         iter_num, best_val_loss = int(checkpoint['iter_num']), float(checkpoint['best_val_loss'])
+        saved_val = float(checkpoint.get('val_loss', best_val_loss))
         train_time, tokens = float(checkpoint['train_time']), int(checkpoint['tokens'])
         if world_size == checkpoint['world_size']:  # exact resume: the data's position, dropout's RNG
             rng = checkpoint['rng'][rank]
@@ -323,6 +354,9 @@ if checkpoint is not None and trains:
             torch.set_rng_state(rng['torch'])
             if device_type == 'cuda' and rng.get('cuda') is not None:
                 torch.cuda.set_rng_state(rng['cuda'], device)
+        else:
+            print0(f"note: the checkpoint was trained by {checkpoint['world_size']} process(es), this run has "
+                   f"{world_size}: the batches continue in a new order (seed {seed}), not as one run would")
     except Exception as e:
         die(f"{ckpt_path}'s training state does not fit this run ({why(e)}); resume with the settings it had")
     print0(f"resuming from {ckpt_path} at iteration {iter_num} ({train_time:.0f} s trained)")
@@ -406,7 +440,7 @@ def save_checkpoint():
         return
     ckpt = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), model_args=model_args, rng=rngs,
                 iter_num=iter_num, best_val_loss=best_val_loss, train_time=train_time, tokens=tokens, config=config,
-                world_size=world_size)
+                world_size=world_size, fingerprint=meta['fingerprint'], val_loss=saved_val)
     saving, mask = True, getattr(signal, 'pthread_sigmask', lambda *a: None)  # a Ctrl-C now waits for the save
     try:
         torch.save(ckpt, ckpt_path + '.tmp')
@@ -449,7 +483,7 @@ def check_losses():  # losses since the last check; stop before any save at a no
     losses, pending = losses.cpu().tolist(), []
     if bad.item():
         i = next((i for i, v in enumerate(losses) if not math.isfinite(v)), len(losses) - 1)
-        not_finite(iter_num - len(losses) + i, losses[i] if not math.isfinite(losses[i]) else 'another rank')
+        not_finite(iter_num - len(losses) + 1 + i, losses[i] if not math.isfinite(losses[i]) else 'another rank')
     return losses[-1]
 
 
@@ -478,7 +512,8 @@ try:  # without a peak (CPU) no FLOP price is needed
 except ValueError as e:  # a variant without a price, where MFU needs one
     die(str(e))
 log(dict(event='start', iter=iter_num, tokens=tokens, config=config, params=raw_model.get_num_params(),
-         qk_params=sum(p.numel() for p in raw_model.qk_parameters()), world_size=world_size, compiled=compiled))
+         qk_params=sum(p.numel() for p in raw_model.qk_parameters()), world_size=world_size, compiled=compiled,
+         fingerprint=meta['fingerprint']))
 phase, start_iter, pending, interval_iters, out_of_time = 'train', iter_num, [], 0, False
 t_start = t_log = time.time()
 batch_state = train_gen.get_state()  # what a checkpoint keeps: the generator before the next batch
@@ -513,10 +548,9 @@ while True:
                        *(median_layer(att, k) for k in ('entropy', 'sink', 'gap'))) if att else ''))
         log(dict(event='eval', iter=iter_num, train_loss=losses['train'], val_loss=losses['val'],
                  val_ppl=perplexity(losses['val']), tokens=tokens, time=train_time, qk=qk, attn=att))
-        if losses['val'] < best_val_loss or always_save_checkpoint:
-            best_val_loss = min(best_val_loss, losses['val'])
-            if iter_num > start_iter or last:
-                save_checkpoint()
+        if (losses['val'] < best_val_loss or always_save_checkpoint) and (iter_num > start_iter or last):
+            best_val_loss, saved_val = min(best_val_loss, losses['val']), losses['val']
+            save_checkpoint()
         t_log, interval_iters = time.time(), 0  # evaluation time is not training time
     if last:
         break
@@ -558,11 +592,21 @@ while True:
 # ---- the end: full-split evaluation, a sample
 
 phase = 'final'
-log(dict(event='final', iter=iter_num, tokens=tokens, time=train_time) | full_eval())
+model_iter, model_tokens = iter_num, tokens  # the model the final evaluation scores: the last weights, or ...
+if saved_iter is not None and saved_iter != iter_num:  # ... the best-only checkpoint's, an earlier and better one
+    if ddp:
+        dist.barrier()  # rank 0 has written it
+    best = torch.load(ckpt_path, map_location=device, weights_only=True)
+    raw_model.load_state_dict(best['model'])
+    model_iter, model_tokens = saved_iter, best['tokens']
+log(dict(event='final', iter=iter_num, tokens=tokens, model_iter=model_iter, model_tokens=model_tokens,
+         time=train_time) | full_eval())
 if master and sample_tokens:
     try:
         write_sample('')
     except Exception as e:  # a finished run never fails over its sample
         print(f"note: no sample ({why(e)})")
-print0(f"done: {iter_num} iterations, {(time.time() - t_start) / 60:.1f} min; checkpoint {ckpt_path}")
+print0(f"done: {iter_num} iterations, {(time.time() - t_start) / 60:.1f} min; checkpoint {ckpt_path}" + (
+    '' if saved_iter == iter_num else f" at iteration {saved_iter} (val loss {saved_val:.4f}, the best estimate): "
+    "the model the final evaluation scored"))
 shutdown(0)

@@ -6,34 +6,20 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # model.py, from any folder
-from model import Hamiltonian, HeadMLP  # noqa: E402
-
-
-def free_force_leapfrog():
-    """STAND-IN for model.py's free-force entry (issue #33): leapfrog with the force f(q) = A silu(W q + b), a
-    two-layer SiLU net per head that is not the gradient of any potential. At the merge, this function returns the
-    table's entry instead (the same shapes: 1 head of 8, 12 hidden units, 3 steps, dt = 0.5, weights of std 1)."""
-    class FreeForce(Hamiltonian):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            self.f = HeadMLP(1, 8, 12, 8, w_std=1.0)  # W (1, 12, 8), b (1, 1, 12), A (1, 8, 12)
-
-        def force(self, q, scale=1.0):
-            return self.f(q, scale)  # scale * A silu(W q + b): a force, but not -grad V
-    return FreeForce(1, 8, 12, 3, 'leapfrog', dt=0.5, w_std=1.0)
-
+from model import Hamiltonian  # noqa: E402
 
 x = torch.randn(50, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))  # 50 tokens' (q, k), d = 8
 Omega = torch.zeros(16, 16, dtype=torch.float64)
 Omega[:8, 8:], Omega[8:, :8] = torch.eye(8), -torch.eye(8)
-potential = lambda name: Hamiltonian(1, 8, 12, 3, name, dt=0.5, w_std=1.0)  # noqa: E731  V 12 wide, 3 steps: curved
-rows = [('leapfrog', potential, 'leapfrog', torch.float32), ('leapfrog', potential, 'leapfrog', torch.float64),
-        ('euler', potential, 'euler', torch.float64),
-        ('free-force', lambda _: free_force_leapfrog(), '', torch.float64),  # the fourth row
-        *((name, potential, name, torch.float64) for name in sys.argv[1:])]  # yours: python ... ex2_jacobian.py mine
-for label, build, name, dtype in rows:
+build = lambda name, force='potential': Hamiltonian(  # noqa: E731  12 wide, 3 steps: curved
+    1, 8, 12, 3, name, dt=0.5, w_std=1.0, force=force)
+rows = [('leapfrog', 'leapfrog', 'potential', torch.float32), ('leapfrog', 'leapfrog', 'potential', torch.float64),
+        ('euler', 'euler', 'potential', torch.float64),
+        ('free-force', 'leapfrog', 'mlp', torch.float64),  # the coupled-mlp entry's map: leapfrog, the free force
+        *((name, name, 'potential', torch.float64) for name in sys.argv[1:])]  # yours: python ... ex2_jacobian.py mine
+for label, name, force, dtype in rows:
     torch.manual_seed(1)
-    h = build(name).to(dtype)
+    h = build(name, force).to(dtype)
     step = lambda x, dt=None: torch.cat(  # noqa: E731  (50, 16) -> (50, 16): a step of every token
         h(x[..., :8].view(1, 1, -1, 8), x[..., 8:].view(1, 1, -1, 8), dt), -1)[0, 0]
     with torch.no_grad():

@@ -24,7 +24,7 @@ for b in (0.0, 0.5):  # the potential's bias b: 0 at init, as model.py starts it
                               qk_scale=scale), verbose=False)
         with torch.no_grad():
             for blk in model.transformer.h:
-                blk.attn.qk.V.b.fill_(b)
+                blk.attn.qk.f.b.fill_(b)
         f = float(np.median([s['nonlinear'] for s in qk_diagnostics(model, x)]))  # the median layer, as logged
         print(f"b={b} spread {scale}: nonlinear {f:.1e}" + (f", {f / last:.1f}x the last" if last else ""))
         last = f
