@@ -501,13 +501,14 @@ def timing(args, variants, modes, device):
 
 
 def print_timing(results, args):
-    print(f"\n{'attn':<16}{'mode':<18}{'compiled':>9}{'ms/iter':>10}{'tokens/s':>12}{'MFU':>7}{'peak MB':>9}"
+    w = max(len(r['attn']) for r in results.values()) + 2  # the widest --attn name, e.g. diff+symplectic-euler
+    print(f"\n{'attn':<{w}}{'mode':<18}{'compiled':>9}{'ms/iter':>10}{'tokens/s':>12}{'MFU':>7}{'peak MB':>9}"
           f"{'vs standard':>13}{'FLOP model':>12}")
     for r in results.values():
         peak = f"{r['peak_mem_mb']:.0f}" if r['peak_mem_mb'] else '-'
         flop = f"{r['flop_model_ratio']:.4f}" if r['flop_model_ratio'] else ''
         mfu = f"{r['mfu']:.1%}" if r['mfu'] else '-'
-        print(f"{r['attn']:<16}{r['mode']:<18}{'yes' if r['compiled'] else 'no':>9}{r['ms_per_iter']:>10.1f}"
+        print(f"{r['attn']:<{w}}{r['mode']:<18}{'yes' if r['compiled'] else 'no':>9}{r['ms_per_iter']:>10.1f}"
               f"{r['tokens_per_s']:>12,.0f}{mfu:>7}{peak:>9}{r['ratio_vs_standard']:>13.3f}{flop:>12}")
     for r in results.values():
         if 'cache_speedup' in r:
