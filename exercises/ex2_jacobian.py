@@ -1,4 +1,4 @@
-"""Exercise 2. Reversibility, volume, symplecticity: each token's step forward, back with -dt, and its Jacobian J
+"""Exercise 2. Return with -dt, volume, symplecticity: each token's step forward, back with -dt, and its Jacobian J
 (no training, seconds). Run from the repository root: python exercises/ex2_jacobian.py [integrator ...]"""
 import os
 import sys
