@@ -1241,11 +1241,13 @@ def one_line_error(r, words):
 
 PROBE = """
 import atexit, multiprocessing, os, signal, sys, threading, time, model
-threading.Thread(target=lambda: (time.sleep(0.2), print('a thread, joined'))).start()
+printed = threading.Event()  # the thread prints after the main line (no race with a slow main thread), still at exit
+threading.Thread(target=lambda: (printed.wait(), time.sleep(0.2), print('a thread, joined'))).start()
 atexit.register(print, 'atexit ran')
 print(sys.argv, os.getcwd(), os.environ['X'], sys.path, multiprocessing.get_start_method(), model.__file__,
       repr(sys.stdin.read()), signal.getsignal(signal.SIGINT), sys.flags)
 print('to stderr', file=sys.stderr)
+printed.set()
 sys.exit(3)
 """
 
