@@ -1258,7 +1258,8 @@ def test_a_run_is_what_python_gives_a_user_and_stops_as_it_does(tmp_path):
     forms = [(form, {'X': 'y'}) for form in (['probe.py'], ['-c', PROBE], ['-m', 'probe'])]
     for form, env in forms + [(['-c', PROBE], {'X': 'y', 'PYTHONHASHSEED': '0'})]:  # forked; the last, fresh
         fresh = subprocess.run([sys.executable, *form, 'a b'], cwd=tmp_path, env=dict(os.environ, **env),
-                               stdin=subprocess.DEVNULL, capture_output=True, text=True)
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True,  # as from a shell's
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # foreground
         r = run(*form, 'a b', cwd=tmp_path, env=env)
         assert (r.returncode, r.stdout, r.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr), (form, env)
         assert fresh.returncode == 3 and fresh.stdout.endswith('a thread, joined\natexit ran\n')
