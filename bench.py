@@ -643,18 +643,17 @@ def main():
         for x in given:
             if x not in known:
                 p.error(f"--{flag}: {x!r} is not one of {', '.join(known)}")
-    for v in variants if 'train' in modes else ():  # the train rows' FLOP model needs each variant's price
-        try:
-            flops_per_token(GPTConfig(attn=v), 16)
-        except ValueError as e:
-            p.error(f"--attn={v}: {e}")
     variants = ['standard'] + [v for v in variants if v != 'standard']  # first: every ratio is against it
-    for v in variants:  # the model's own checks, as train.py makes them
+    for v in variants:  # the model's own checks, as train.py makes them; the train rows' FLOP model needs a price
         try:
-            GPTConfig(attn=v, block_size=max(args.block_size, args.new_tokens + 1), vocab_size=args.vocab_size,
-                      qk_steps=args.qk_steps, qk_hidden=args.qk_hidden, **PRESETS[args.preset])
+            cfg = GPTConfig(attn=v, block_size=max(args.block_size, args.new_tokens + 1), vocab_size=args.vocab_size,
+                            qk_steps=args.qk_steps, qk_hidden=args.qk_hidden, **PRESETS[args.preset])
         except ValueError as e:
             p.error(str(e))
+        try:
+            flops_per_token(cfg, 16) if 'train' in modes else None
+        except ValueError as e:
+            p.error(f"--attn={v}: {e}")
     device = args.device if args.device != 'auto' else 'cuda' if torch.cuda.is_available() else 'cpu'
     if device.split(':')[0] not in ('cpu', 'cuda', 'mps'):
         p.error(f"--device={device} is unknown; use auto, cpu, cuda, cuda:N or mps")
