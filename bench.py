@@ -6,6 +6,7 @@ without the KV cache) next to the FLOP model's ratio; tabulate and plot train.py
   python bench.py --preset=60m --batch_size=4 --block_size=256 --attn=standard,coupled,euler,uncoupled
   python bench.py --preset=60m --device=cuda --compile=True --dtype=bfloat16 --batch_size=16 --block_size=1024
   python bench.py --report=runs --plot=curves.png     # table (and curves) of the train.py runs under runs/
+  python bench.py --report=runs/lr --sweep=learning_rate --plot=lr.png  # final perplexity against a setting
   python bench.py --plan --world_size=8               # the GPU recipe: commands, tokens, GPU time (for 8 GPUs)
   python bench.py --gpu_check                         # on one GPU, ~3 minutes: the recipe's step, eager and compiled
 """
@@ -104,7 +105,8 @@ def find_logs(folders):  # each folder and log once, by its real path: overlappi
 def standing(log):
     """The records up to the last final; a start at iteration N (a resume) voids those past N (lost work), but not a
     final that scored a model of iteration N or before (a best-only checkpoint, which the resume continues).
-    None: the records are out of order (their iterations go back other than at a start)."""
+    A run that stopped at a non-finite loss and has no final ends at its 'diverged' record. None: the records are
+    out of order (their iterations go back other than at a start)."""
     kept, last = [], -math.inf
     for r in log:
         if r['event'] == 'start':
@@ -116,7 +118,9 @@ def standing(log):
             return None
         kept.append(r)
         last = r.get('iter', last)
-    return kept[:max((i + 1 for i, r in enumerate(kept) if r['event'] == 'final'), default=0)]
+    ends = [i for i, r in enumerate(kept) if r['event'] == 'final'] or [  # an extension that diverged: its final
+        i for i, r in enumerate(kept) if r['event'] == 'diverged']
+    return kept[:max(ends) + 1] if ends else []
 
 
 def load_runs(folders):
@@ -135,6 +139,11 @@ def load_runs(folders):
             continue
         start = [r for r in log if r['event'] == 'start' and 'config' in r]
         final = log[-1] if start else {}
+        if final.get('event') == 'diverged':  # stopped at a non-finite loss: inf, at the tokens it set out to train
+            c = start[-1]['config']
+            final = dict(final, val_loss=math.inf, val_ppl=math.inf, tokens=c.get('max_iters', 0) * c.get(
+                'batch_size', 0) * c.get('block_size', 0) * c.get('gradient_accumulation_steps', 1)
+                * (start[-1].get('world_size') or 1))
         if not ('val_loss' in final and min(final.get('tokens', 0), final.get('val_ppl', 0)) > 0):
             print(f"note: {path} is not a finished run (no final val_ppl, val_loss, tokens > 0); left out",
                   file=sys.stderr)
@@ -157,12 +166,24 @@ def load_runs(folders):
         evals = [r for r in log if r['event'] == 'eval' and 'val_loss' in r and 'tokens' in r
                  and r.get('iter', 0) <= final.get('model_iter', math.inf)]  # the curve of the model it scored
         ms = [r['ms'] for r in log if r['event'] == 'train' and 'ms' in r]
+        losses = [r['loss'] for r in log if r['event'] == 'train' and r.get('iter', 0) > cfg.get('warmup_iters', 0)
+                  and type(r.get('loss')) in (int, float)]  # after warmup
         text = [s['fingerprint'][:12] for s in start if isinstance(s.get('fingerprint'), str)][-1:]  # (older: none)
         runs.append(dict(path=path, label=label, corpus=str(cfg.get('dataset', '?')), final=final, evals=evals, ms=ms,
+                         spikes=spikes(losses),
                          config=cfg | {'seed': start[0]['config'].get('seed')},  # a resume continues the run's RNG
                          kind=sets[-1] | {'tokens': final.get('model_tokens', final['tokens'])}
                          | ({'fingerprint': text[0]} if text else {})))
     return runs
+
+
+def spikes(losses):
+    """Loss spikes: train-loss log points more than 10% above the lowest before them."""
+    low, n = math.inf, 0
+    for x in losses:
+        n += x > 1.1 * low
+        low = min(low, x)
+    return n
 
 
 def group_runs(runs):
@@ -229,14 +250,17 @@ def token_ratio(row, rows, corpus):
     return (f"{needed / tokens:.2f}x" if needed is not None else f"> {points[-1][0] / tokens:.2f}x"), ref
 
 
-def report(folders, plot):
-    """The table of finished train.py runs (and, with plot, their curves)."""
+def report(folders, plot, sweep=None):
+    """The table of finished train.py runs (and, with plot, their curves; with sweep, final perplexity against
+    that setting)."""
     runs = load_runs(folders)
     if not runs:
         sys.exit(f"error: no finished train.py runs in {', '.join(folders)}; name run folders (--out_dir of train.py)")
     rows, notes = group_runs(runs)
+    if sweep and not any(sweep in r['config'] for r in runs):
+        sys.exit(f"error: --sweep={sweep}: no run logged that setting; name a train.py flag, e.g. learning_rate")
     if plot:  # first: a path it cannot write to stops it before any output
-        plot_curves(rows, plot)
+        (plot_sweep if sweep else plot_curves)(rows, plot, *[sweep] * bool(sweep))
     ppl = {}  # a row's final perplexities, one per seed (runs that repeat a seed: their mean)
     for (corpus, name), row in rows.items():
         seeds = {}
@@ -251,15 +275,13 @@ def report(folders, plot):
     for corpus, name in order:
         row = rows[(corpus, name)]
         p, tokens = ppl[(corpus, name)], row['kind']['tokens']
-        spread = f"{mean(p):.3f}"
-        if len(p) > 1 and all(map(math.isfinite, p)):  # no spread with a diverged seed's inf
-            spread += f" +- {stdev(p):.3f}"
+        spread = spread_of(p)
         base = min((k for k, b in rows.items() if k[0] == corpus and b['label'] == 'standard'
                     and agree(b['kind'], row['kind'], BASE)),
                    key=lambda k: rows[k]['kind']['tokens'] != tokens, default=None)  # same tokens first
         rel = '-'
         if base:
-            rel = f"{100 * (mean(p) / mean(ppl[base]) - 1):+.1f}%"
+            rel = f"{100 * (finite_mean(p) / finite_mean(ppl[base]) - 1):+.1f}%"
             if rows[base]['kind']['tokens'] != tokens:  # never compared silently
                 rel += f" at {tokens / rows[base]['kind']['tokens']:.2f}x its tokens"
         ratio, ref = token_ratio(row, rows, corpus)
@@ -274,6 +296,9 @@ def report(folders, plot):
               f"{f'{mean(dts):.3f}' if dts else '-'} | {tokens:,} | "
               f"{f'{median(ms):.0f}' if ms else '-'} |")
     attention_table(rows, order)
+    variance_table(ppl, order)
+    if sweep:
+        sweep_table(rows, ppl, order, sweep)
     for corpus in sorted({c for c, _ in used}):
         keys = [k for k in rows if k in used and k[0] == corpus]
         refs = [f"{k[1]} ({len(ppl[k])} seed{'s' * (len(ppl[k]) > 1)}, {len(curve(rows[k]))} evals to "
@@ -285,6 +310,60 @@ def report(folders, plot):
               f"rate has not decayed yet): standard's own row calibrates the reading")
     for note in notes:
         print(note, file=sys.stderr)
+
+
+def finite_mean(p):  # a row's mean over the seeds that did not diverge
+    return mean([x for x in p if math.isfinite(x)] or [math.inf])
+
+
+def spread_of(p):  # "mean +- std" over the seeds that did not diverge, and how many did
+    ok = [x for x in p if math.isfinite(x)]
+    text = f"{mean(ok):.3f}" + (f" +- {stdev(ok):.3f}" if len(ok) > 1 else '') if ok else 'inf'
+    return text + (f" ({len(p) - len(ok)} of {len(p)} diverged)" if len(ok) < len(p) else '')
+
+
+def variance_table(ppl, order, least=5):
+    """Seed variance of the rows with >= least seeds, and for each pair of them (same corpus) the ratio of their
+    variances with its 95% interval from the F distribution and Levene's test (both need scipy; else ratio only)."""
+    keys = [k for k in order if sum(map(math.isfinite, ppl[k])) >= least]
+    if not keys:
+        return
+    try:
+        from scipy import stats
+    except ImportError:
+        stats = None
+        print("note: the variance intervals and Levene's test need scipy (pip install scipy)", file=sys.stderr)
+    print(f"\nSeed variance (rows with {least} or more seeds): the variance of the final perplexity, and each pair's "
+          "ratio with its 95% interval (F distribution, normal seeds) and Levene's p (median-centered)\n"
+          "| corpus | variant | seeds | std | variance | / variant | ratio | 95% interval | Levene p |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    for i, a in enumerate(keys):
+        x = [v for v in ppl[a] if math.isfinite(v)]
+        print(f"| {a[0]} | {a[1]} | {len(x)} | {stdev(x):.3f} | {stdev(x) ** 2:.4f} | | | | |")
+        for b in keys[i + 1:]:
+            y = [v for v in ppl[b] if math.isfinite(v)]
+            if b[0] != a[0]:
+                continue
+            r, interval, lev = stdev(x) ** 2 / stdev(y) ** 2, '-', '-'
+            if stats:  # r / F(0.975) .. r / F(0.025), F with (len(x) - 1, len(y) - 1) degrees of freedom
+                f = lambda q: stats.f.ppf(q, len(x) - 1, len(y) - 1)
+                interval, lev = f"{r / f(0.975):.2f} - {r / f(0.025):.2f}", f"{stats.levene(x, y).pvalue:.2f}"
+            print(f"| {a[0]} | {a[1]} | | | | {b[1]} | {r:.2f} | {interval} | {lev} |")
+
+
+def sweep_table(rows, ppl, order, key):
+    """The rows as variant x the setting `key`: final perplexity, diverged runs, loss spikes after warmup."""
+    print(f"\nSweep of {key}: full-split val perplexity over the seeds that finished; diverged: stopped at a "
+          f"non-finite loss; spikes: train-loss log points after warmup more than 10% above the lowest before them\n"
+          f"| corpus | variant | {key} | seeds | val ppl | diverged | spikes (runs with any) |\n|---|---|---|---|---|---|---|")
+    cells = sorted(order, key=lambda k: (k[0], str(rows[k]['kind'].get('attn')), rows[k]['kind'].get(key, 0)))
+    for k in cells:
+        row, p = rows[k], ppl[k]
+        ok = [x for x in p if math.isfinite(x)]
+        sp = [r['spikes'] for r in row['runs']]
+        text = f"{mean(ok):.3f}" + (f" +- {stdev(ok):.3f}" if len(ok) > 1 else '') if ok else '-'
+        print(f"| {k[0]} | {row['kind'].get('attn')} | {row['kind'].get(key, '-')} | {len(p)} | {text} | "
+              f"{len(p) - len(ok)} | {sum(sp)} ({sum(map(bool, sp))}) |")
 
 
 def attention_table(rows, order):
@@ -303,8 +382,7 @@ def attention_table(rows, order):
         print('\n'.join(lines))
 
 
-def plot_curves(rows, path):
-    """Validation estimates against tokens, a line per row (mean over seeds, band: min to max), a panel per corpus."""
+def pyplot():
     try:
         import matplotlib
         import matplotlib.ticker
@@ -312,6 +390,48 @@ def plot_curves(rows, path):
         import matplotlib.pyplot as plt
     except ImportError:
         sys.exit("error: --plot needs matplotlib (pip install matplotlib); without --plot, the table needs nothing")
+    return matplotlib, plt
+
+
+def save(fig, path):
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100)
+    except (OSError, ValueError, RuntimeError) as e:  # no such folder, a format matplotlib lacks, .pgf without LaTeX
+        sys.exit(f"error: cannot write --plot={path} ({(str(e) or type(e).__name__).splitlines()[0]})")
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def plot_sweep(rows, path, key):
+    """Final perplexity against the setting `key`, a line per variant (mean over the seeds that finished, band: min
+    to max), diverged runs as crosses along the top, a panel per corpus."""
+    matplotlib, plt = pyplot()
+    corpora = sorted({c for c, _ in rows})
+    fig, axes = plt.subplots(1, len(corpora), figsize=(5 * len(corpora), 3.8), squeeze=False)
+    for ax, corpus in zip(axes[0], corpora):
+        variants = sorted({str(r['kind'].get('attn')) for (c, _), r in rows.items() if c == corpus})
+        for i, v in enumerate(variants):
+            cells = sorted((r['kind'].get(key, 0), [x['final']['val_ppl'] for x in r['runs']])
+                           for (c, _), r in rows.items() if c == corpus and str(r['kind'].get('attn')) == v)
+            ok = [(x, [q for q in p if math.isfinite(q)]) for x, p in cells]
+            ok = [(x, p) for x, p in ok if p]
+            color = f"C{i % 10}"
+            if ok:
+                ax.plot([x for x, _ in ok], [mean(p) for _, p in ok], 'o-', label=v, color=color, lw=1.3, ms=3)
+                ax.fill_between([x for x, _ in ok], [min(p) for _, p in ok], [max(p) for _, p in ok], alpha=0.15,
+                                color=color)
+            for x, p in cells:  # a cross per diverged run, just under the top edge, one row per variant
+                for j in range(sum(not math.isfinite(q) for q in p)):
+                    ax.plot([x * (1 + 0.04 * j)], [0.97 - 0.04 * i], 'x', color=color, transform=ax.get_xaxis_transform())
+        ax.set(xlabel=key, ylabel='val perplexity (full split)', title=f"{corpus} (x: a diverged run)", xscale='log')
+        ax.grid(alpha=0.3, which='both')
+        ax.legend(fontsize=7)
+    save(fig, path)
+
+
+def plot_curves(rows, path):
+    """Validation estimates against tokens, a line per row (mean over seeds, band: min to max), a panel per corpus."""
+    matplotlib, plt = pyplot()
     corpora = sorted({c for c, _ in rows})
     colors = {name: f"C{i % 10}" for i, name in enumerate(sorted({name for _, name in rows}))}  # one per variant
     fig, axes = plt.subplots(1, len(corpora), figsize=(4.2 * len(corpora), 3.6), squeeze=False)
@@ -332,12 +452,7 @@ def plot_curves(rows, path):
         ax.grid(alpha=0.3, which='both')
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel('validation perplexity (estimate)')
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100)
-    except (OSError, ValueError, RuntimeError) as e:  # no such folder, a format matplotlib lacks, .pgf without LaTeX
-        sys.exit(f"error: cannot write --plot={path} ({(str(e) or type(e).__name__).splitlines()[0]})")
-    print(f"wrote {path}", file=sys.stderr)
+    save(fig, path)
 
 
 # -----------------------------------------------------------------------------
@@ -611,6 +726,8 @@ def main():
     p.add_argument('--json_out', help='a JSON record per (variant, mode) into this file')
     p.add_argument('--report', help='instead of timing: tabulate the train.py runs under these comma-separated folders')
     p.add_argument('--plot', help="with --report: draw each row's learning curve into this file")
+    p.add_argument('--sweep', help="with --report: a table (and with --plot, a picture) of final perplexity, "
+                   "diverged runs and loss spikes against this train.py setting, e.g. learning_rate")
     p.add_argument('--plan', action='store_true', help="print the paper's 60M ablation as GPU commands with their cost")
     p.add_argument('--world_size', type=int, default=1, help='--plan: GPUs in all (8 a node)')
     p.add_argument('--gpu_check', action='store_true', help="the recipe's training step on one CUDA GPU (60m, "
@@ -620,8 +737,10 @@ def main():
         p.error(f"--report={args.report!r} names an empty folder; name the run folders, e.g. --report=runs")
     if args.plot is not None and not (args.report and os.path.splitext(args.plot)[1]):
         p.error("--plot draws the runs of --report into a file named by its format: --report=runs --plot=curves.png")
+    if args.sweep is not None and not (args.report and args.sweep):
+        p.error("--sweep names a train.py setting that the runs of --report vary: --report=runs --sweep=learning_rate")
     if args.report:
-        return report(args.report.split(','), args.plot)
+        return report(args.report.split(','), args.plot, args.sweep)
     if args.plan:
         if not (0 < args.world_size <= SEQUENCES_PER_STEP and SEQUENCES_PER_STEP % args.world_size == 0
                 and (args.world_size <= 8 or args.world_size % 8 == 0)):

@@ -2139,7 +2139,24 @@ def test_a_nan_between_checkpoints_stops_the_run_and_the_last_good_checkpoint_re
     assert resumed.returncode == 0 and 'at iteration 10' in resumed.stdout, resumed.stderr
     ckpt = torch.load(d / run / 'ckpt.pt', weights_only=True)
     assert ckpt['iter_num'] == 40 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
-    assert math.isfinite([m for m in metrics(d / run) if m['event'] == 'final'][-1]['val_loss'])
+    log = metrics(d / run)
+    assert math.isfinite([m for m in log if m['event'] == 'final'][-1]['val_loss'])
+    assert [m['iter'] for m in log if m['event'] == 'diverged'] == [at + 1]  # logged, for bench.py --report
+
+
+def test_report_counts_a_diverged_run_until_a_resume_trains_past_it(nan_runs, capsys, monkeypatch):
+    d, rs = nan_runs
+    first = [m for m in metrics(d / 'a') if m['event'] in ('diverged', 'final')][0]
+    assert first['event'] == 'diverged'  # the log as it stood when the run stopped: a diverged run
+    lines = open(d / 'a' / 'metrics.jsonl').read().splitlines()
+    cut = next(i for i, line in enumerate(lines) if '"diverged"' in line) + 1
+    os.makedirs(d / 'stopped' / 'a-s1')
+    (d / 'stopped' / 'a-s1' / 'metrics.jsonl').write_text('\n'.join(lines[:cut]) + '\n')
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={d / "stopped"}')
+    assert code == 0 and report_rows(out)['a'][2:4] == ['1', 'inf (1 of 1 diverged)'], (out, err)
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={d / "a"}')  # resumed from 10, it finished
+    final = [m for m in metrics(d / 'a') if m['event'] == 'final'][0]['val_ppl']
+    assert code == 0 and report_rows(out)['a'][2:4] == ['1', f"{final:.3f}"], (out, err)
 
 
 def test_a_finished_run_resumed_to_train_longer_keeps_its_result_when_the_extension_stops(nan_runs, capsys,
@@ -2746,7 +2763,69 @@ def test_report_bad_inputs_are_one_line_each(tmp_path, capsys, monkeypatch, case
         code, out, err = bench_report(capsys, monkeypatch, f'--report={runs / "zero-s1"}')
         assert code == 1 and out == '' and err.count('\n') == 2 and 'error: no finished train.py runs' in err
     if case == 'a diverged seed':
-        assert report_rows(out)['coupled'][3] == 'inf'
+        assert report_rows(out)['coupled'][3] == '8.000 (1 of 2 diverged)'
+
+
+def sweep_run(folder, losses, final_ppl, warmup_iters=2, **config):
+    """A run's log with a train-loss point per iteration: losses [...] then final_ppl, or None: it stopped at a
+    non-finite loss (a 'diverged' record, as train.py writes it) after them."""
+    cfg = dict(dataset='pydocs', attn='standard', batch_size=4, block_size=32, gradient_accumulation_steps=1,
+               eval_iters=2, learning_rate=1e-3, max_iters=8, warmup_iters=warmup_iters, seed=1) | config
+    os.makedirs(folder)
+    train = [dict(event='train', iter=i, loss=x, tokens=128 * i) for i, x in enumerate(losses, 1)]
+    end = (dict(event='final', iter=8, tokens=1024, val_loss=math.log(final_ppl), val_ppl=final_ppl)
+           if final_ppl else dict(event='diverged', iter=len(losses) + 1))
+    log_records(folder, dict(event='start', iter=0, config=cfg, world_size=1, tokens=0), *train, end)
+
+
+def test_report_sweep_tabulates_perplexity_diverged_runs_and_spikes_against_a_setting(tmp_path, capsys, monkeypatch):
+    runs, smooth = tmp_path / 'runs', [5.0, 4.0, 3.0, 2.9, 2.8, 2.7, 2.6, 2.5]
+    for a in ('standard', 'coupled'):
+        for s in (1, 2):
+            sweep_run(runs / f'{a}-1e-3-s{s}', smooth, 8.0 + s, attn=a, seed=s)
+        sweep_run(runs / f'{a}-4e-3-s1', [5.0, 4.0, 3.0, 2.0, 2.3, 2.1, 2.19, 2.0], 7.0, attn=a, learning_rate=4e-3)
+    # standard at 4e-3, seed 2: spikes at 5 (3.0 > 1.1 * 2.0) and 6, then inf; coupled: a spike inside warmup only
+    sweep_run(runs / 'standard-4e-3-s2', [5.0, 4.0, 3.0, 2.0, 3.0, 2.5], None, seed=2, learning_rate=4e-3)
+    sweep_run(runs / 'coupled-4e-3-s2', [5.0, 9.0] + smooth[2:], 9.0, attn='coupled', seed=2, learning_rate=4e-3)
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}', '--sweep=learning_rate')
+    assert code == 0, err
+    sweep = [line.split(' | ')[1:] for line in out.split('Sweep of learning_rate')[1].splitlines()
+             if line.startswith('| pydocs')]
+    assert sweep == [['coupled', '0.001', '2', '9.500 +- 0.707', '0', '0 (0) |'],
+                     ['coupled', '0.004', '2', '8.000 +- 1.414', '0', '1 (1) |'],  # 2.3 > 1.1 * 2.0, after warmup
+                     ['standard', '0.001', '2', '9.500 +- 0.707', '0', '0 (0) |'],
+                     ['standard', '0.004', '2', '7.000', '1', '3 (2) |']]  # 2.3; 3.0 and 2.5 (> 2.2)
+    assert report_rows(out)['standard-4e-3'][3] == '7.000 (1 of 2 diverged)'
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}', '--sweep=learning_rat')
+    assert code == 1 and err.strip() == ("error: --sweep=learning_rat: no run logged that setting; name a train.py "
+                                         "flag, e.g. learning_rate")
+    pytest.importorskip('matplotlib')
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}', '--sweep=learning_rate',
+                                  f'--plot={tmp_path / "lr.png"}')
+    assert code == 0 and (tmp_path / 'lr.png').read_bytes()[:4] == b'\x89PNG', err
+
+
+def test_report_gives_each_pair_of_many_seed_rows_a_variance_ratio_with_its_interval(tmp_path, capsys, monkeypatch):
+    runs = tmp_path / 'runs'
+    for s in range(1, 6):  # 5 seeds: standard spread 2x coupled's (variance 4x); uncoupled: coupled's, shifted
+        fake_run(runs / f'standard-s{s}', [(0, 5.0), (128, 3.0)], 10.0 + 0.2 * s, seed=s)
+        fake_run(runs / f'coupled-s{s}', [(0, 5.0), (128, 3.0)], 10.0 + 0.1 * s, attn='coupled', seed=s)
+        fake_run(runs / f'uncoupled-s{s}', [(0, 5.0), (128, 3.0)], 9.0 + 0.1 * s, attn='uncoupled', seed=s)
+    fake_run(runs / 'invertible-s1', [(0, 5.0), (128, 3.0)], 9.0, attn='invertible')  # one seed: no variance
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
+    cells = [[c.strip() for c in line.split('|')[1:-1]] for line in out.split('Seed variance')[1].splitlines()
+             if line.startswith('| pydocs')]
+    table = {(c[1], c[5]): c for c in cells}
+    assert code == 0 and {v for v, _ in table} == {'standard', 'coupled', 'uncoupled'}, out
+    assert table[('standard', '')][3:5] == ['0.316', '0.1000']
+    assert table[('standard', 'coupled')][6] == '4.00' and table[('uncoupled', 'coupled')][6] == '1.00'
+    if importlib.util.find_spec('scipy'):  # F(0.975; 4, 4) = 9.6045 (tables): 4 / 9.6045 .. 4 * 9.6045
+        assert table[('standard', 'coupled')][7] == '0.42 - 38.42' and err == ''
+        assert table[('uncoupled', 'coupled')][8] == '1.00'  # equal spreads: Levene's p is 1
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, 'scipy', None)  # not installed: the ratio, and how to get the rest
+        code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
+    assert code == 0 and '| coupled | 4.00 | - | - |' in out and 'need scipy (pip install scipy)' in err
 
 
 def failing_backend(gm, inputs):

@@ -488,6 +488,7 @@ def check_losses():  # losses since the last check; stop before any save at a no
 
 
 def not_finite(at, value):
+    log(dict(event='diverged', iter=at))  # bench.py --report counts it
     die(f"the loss is not finite at iteration {at} (here: {value}); stopped before saving. Lower --learning_rate "
         f"or use --dtype=float32; {resume_hint()}", code=3)
 
