@@ -409,7 +409,7 @@ def plot_sweep(rows, path, key):
     corpora = sorted({c for c, _ in rows})
     fig, axes = plt.subplots(1, len(corpora), figsize=(5 * len(corpora), 3.8), squeeze=False)
     for ax, corpus in zip(axes[0], corpora):
-        variants = sorted({str(r['kind'].get('attn')) for (c, _), r in rows.items() if c == corpus})
+        variants, diverged = sorted({str(r['kind'].get('attn')) for (c, _), r in rows.items() if c == corpus}), {}
         for i, v in enumerate(variants):
             cells = sorted((r['kind'].get(key, 0), [x['final']['val_ppl'] for x in r['runs']])
                            for (c, _), r in rows.items() if c == corpus and str(r['kind'].get('attn')) == v)
@@ -420,10 +420,15 @@ def plot_sweep(rows, path, key):
                 ax.plot([x for x, _ in ok], [mean(p) for _, p in ok], 'o-', label=v, color=color, lw=1.3, ms=3)
                 ax.fill_between([x for x, _ in ok], [min(p) for _, p in ok], [max(p) for _, p in ok], alpha=0.15,
                                 color=color)
-            for x, p in cells:  # a cross per diverged run, just under the top edge, one row per variant
-                for j in range(sum(not math.isfinite(q) for q in p)):
-                    ax.plot([x * (1 + 0.04 * j)], [0.97 - 0.04 * i], 'x', color=color, transform=ax.get_xaxis_transform())
-        ax.set(xlabel=key, ylabel='val perplexity (full split)', title=f"{corpus} (x: a diverged run)", xscale='log')
+            diverged[v] = [x for x, p in cells for q in p if not math.isfinite(q)]
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + 0.15 * (high - low))  # a strip along the top, above every line, for the crosses
+        for i, v in enumerate(variants):  # a cross per diverged run, nudged right per variant
+            xs = diverged.get(v, [])
+            ax.plot([x * 1.04 ** i for x in xs], [0.95] * len(xs), 'x', color=f"C{i % 10}", ms=7,
+                    transform=ax.get_xaxis_transform())
+        ax.set(xlabel=key, ylabel='val perplexity (full split)', title=f"{corpus}: x along the top, a diverged run",
+               xscale='log')
         ax.grid(alpha=0.3, which='both')
         ax.legend(fontsize=7)
     save(fig, path)
