@@ -373,12 +373,13 @@ def attention_table(rows, order):
     for key in order:
         att = [r['evals'][-1]['attn'] for r in rows[key]['runs'] if r['evals'] and r['evals'][-1].get('attn')]
         if att:  # att: per seed, per layer, {entropy, sink, gap}; zip(*att): per layer, per seed
-            cells = [' '.join(f"{mean(s[k] for s in layer):.3f}" for layer in zip(*att)) for k in ATTENTION]
+            cells = [' '.join(f"{mean(s[k] for s in layer):.3f}" for layer in zip(*att))
+                     + f" ({spread_of([mean(s[k] for s in seed) for seed in att])})" for k in ATTENTION]
             lines.append(f"| {key[0]} | {key[1]} | {len(att)} | {' | '.join(cells)} |")
     if lines:
-        print("\nAttention at the final eval, per layer from first to last, mean over seeds. entropy: a row's entropy "
-              "over its maximum (1: uniform); sink: the mass on the window's first position; gap: sigma_2 / sigma_1 "
-              "(0: rank one)\n| corpus | variant | seeds | entropy | sink | gap |\n|---|---|---|---|---|---|")
+        print("\nAttention at the final eval, per layer from first to last, mean over seeds (in brackets: the mean "
+              "over layers, mean +- std over seeds). entropy: a row's entropy over its maximum (1: uniform); sink: the "
+              "mass on the window's first position; gap: sigma_2 / sigma_1 (0: rank one)\n| corpus | variant | seeds | entropy | sink | gap |\n|---|---|---|---|---|---|")
         print('\n'.join(lines))
 
 

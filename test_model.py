@@ -2687,8 +2687,9 @@ def test_report_gives_the_attention_per_layer_and_reads_older_logs_as_before(tmp
     code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
     assert code == 0 and err == '', err
     assert set(report_rows(out)) == {'standard', 'coupled'}
-    assert report_rows(out, 1) == {'standard': ['| pydocs', 'standard', '2', '0.850 0.600', '0.150 0.400',
-                                                '0.550 0.300 |']}  # per layer, mean over the seeds
+    assert report_rows(out, 1) == {'standard': [  # per layer, mean over the seeds; the layers' mean, per seed
+        '| pydocs', 'standard', '2', '0.850 0.600 (0.725 +- 0.106)', '0.150 0.400 (0.275 +- 0.106)',
+        '0.550 0.300 (0.425 +- 0.035) |']}
     code, old, err = bench_report(capsys, monkeypatch, f'--report={runs / "coupled-s1"}')
     assert code == 0 and 'Attention' not in old and '| pydocs | coupled | 1 |' in old  # older logs: as before
 
@@ -3024,7 +3025,7 @@ def test_report_tabulates_any_run_folders_and_survives_a_cut_line(corpus, tmp_pa
     assert len(rows) == 2 and any('| coupled |' in row for row in rows) and any('| standard |' in row for row in rows)
     attention = report_rows(r.stdout, 1)  # train.py's attention diagnostics: 3 numbers a layer, 2 layers
     assert set(attention) == {'standard', 'coupled'}, r.stdout
-    assert all(len(row[k].rstrip(' |').split()) == 2 for row in attention.values() for k in (3, 4, 5)), r.stdout
+    assert all(len(row[k].split(' (')[0].split()) == 2 for row in attention.values() for k in (3, 4, 5)), r.stdout
 
 
 # ---------------------------------------------------------------------------------------------------------------
