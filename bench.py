@@ -355,14 +355,15 @@ def sweep_table(rows, ppl, order, key):
     """The rows as variant x the setting `key`: final perplexity, diverged runs, loss spikes after warmup."""
     print(f"\nSweep of {key}: full-split val perplexity over the seeds that finished; diverged: stopped at a "
           f"non-finite loss; spikes: train-loss log points after warmup more than 10% above the lowest before them\n"
-          f"| corpus | variant | {key} | seeds | val ppl | diverged | spikes (runs with any) |\n|---|---|---|---|---|---|---|")
+          f"| corpus | variant | {key} | seeds | val ppl | diverged | spikes (runs with any) |\n"
+          "|---|---|---|---|---|---|---|")
     cells = sorted(order, key=lambda k: (k[0], str(rows[k]['kind'].get('attn')), rows[k]['kind'].get(key, 0)))
     for k in cells:
         row, p = rows[k], ppl[k]
         ok = [x for x in p if math.isfinite(x)]
         sp = [r['spikes'] for r in row['runs']]
-        text = f"{mean(ok):.3f}" + (f" +- {stdev(ok):.3f}" if len(ok) > 1 else '') if ok else '-'
-        print(f"| {k[0]} | {row['kind'].get('attn')} | {row['kind'].get(key, '-')} | {len(p)} | {text} | "
+        print(f"| {k[0]} | {row['kind'].get('attn')} | {row['kind'].get(key, '-')} | {len(p)} | "
+              f"{spread_of(ok) if ok else '-'} | "
               f"{len(p) - len(ok)} | {sum(sp)} ({sum(map(bool, sp))}) |")
 
 
@@ -379,7 +380,8 @@ def attention_table(rows, order):
     if lines:
         print("\nAttention at the final eval, per layer from first to last, mean over seeds (in brackets: the mean "
               "over layers, mean +- std over seeds). entropy: a row's entropy over its maximum (1: uniform); sink: the "
-              "mass on the window's first position; gap: sigma_2 / sigma_1 (0: rank one)\n| corpus | variant | seeds | entropy | sink | gap |\n|---|---|---|---|---|---|")
+              "mass on the window's first position; gap: sigma_2 / sigma_1 (0: rank one)\n"
+              "| corpus | variant | seeds | entropy | sink | gap |\n|---|---|---|---|---|---|")
         print('\n'.join(lines))
 
 
