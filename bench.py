@@ -312,12 +312,16 @@ def report(folders, plot, sweep=None):
         print(note, file=sys.stderr)
 
 
+def finished(p):  # the perplexities of the seeds that did not diverge (a diverged one: inf)
+    return [x for x in p if math.isfinite(x)]
+
+
 def finite_mean(p):  # a row's mean over the seeds that did not diverge
-    return mean([x for x in p if math.isfinite(x)] or [math.inf])
+    return mean(finished(p) or [math.inf])
 
 
 def spread_of(p):  # "mean +- std" over the seeds that did not diverge, and how many did
-    ok = [x for x in p if math.isfinite(x)]
+    ok = finished(p)
     text = f"{mean(ok):.3f}" + (f" +- {stdev(ok):.3f}" if len(ok) > 1 else '') if ok else 'inf'
     return text + (f" ({len(p) - len(ok)} of {len(p)} diverged)" if len(ok) < len(p) else '')
 
@@ -325,7 +329,7 @@ def spread_of(p):  # "mean +- std" over the seeds that did not diverge, and how 
 def variance_table(ppl, order, least=5):
     """Seed variance of the rows with >= least seeds, and for each pair of them (same corpus) the ratio of their
     variances with its 95% interval from the F distribution and Levene's test (both need scipy; else ratio only)."""
-    keys = [k for k in order if sum(map(math.isfinite, ppl[k])) >= least]
+    keys = [k for k in order if len(finished(ppl[k])) >= least]
     if not keys:
         return
     try:
@@ -338,12 +342,10 @@ def variance_table(ppl, order, least=5):
           "| corpus | variant | seeds | std | variance | / variant | ratio | 95% interval | Levene p |\n"
           "|---|---|---|---|---|---|---|---|---|")
     for i, a in enumerate(keys):
-        x = [v for v in ppl[a] if math.isfinite(v)]
+        x = finished(ppl[a])
         print(f"| {a[0]} | {a[1]} | {len(x)} | {stdev(x):.3f} | {stdev(x) ** 2:.4f} | | | | |")
-        for b in keys[i + 1:]:
-            y = [v for v in ppl[b] if math.isfinite(v)]
-            if b[0] != a[0]:
-                continue
+        for b in (b for b in keys[i + 1:] if b[0] == a[0]):  # pairs within a corpus
+            y = finished(ppl[b])
             r, interval, lev = stdev(x) ** 2 / stdev(y) ** 2, '-', '-'
             if stats:  # r / F(0.975) .. r / F(0.025), F with (len(x) - 1, len(y) - 1) degrees of freedom
                 f = lambda q: stats.f.ppf(q, len(x) - 1, len(y) - 1)
@@ -360,7 +362,7 @@ def sweep_table(rows, ppl, order, key):
     cells = sorted(order, key=lambda k: (k[0], str(rows[k]['kind'].get('attn')), rows[k]['kind'].get(key, 0)))
     for k in cells:
         row, p = rows[k], ppl[k]
-        ok = [x for x in p if math.isfinite(x)]
+        ok = finished(p)
         sp = [r['spikes'] for r in row['runs']]
         print(f"| {k[0]} | {row['kind'].get('attn')} | {row['kind'].get(key, '-')} | {len(p)} | "
               f"{spread_of(ok) if ok else '-'} | "
@@ -416,8 +418,7 @@ def plot_sweep(rows, path, key):
         for i, v in enumerate(variants):
             cells = sorted((r['kind'].get(key, 0), [x['final']['val_ppl'] for x in r['runs']])
                            for (c, _), r in rows.items() if c == corpus and str(r['kind'].get('attn')) == v)
-            ok = [(x, [q for q in p if math.isfinite(q)]) for x, p in cells]
-            ok = [(x, p) for x, p in ok if p]
+            ok = [(x, finished(p)) for x, p in cells if finished(p)]
             color = f"C{i % 10}"
             if ok:
                 ax.plot([x for x, _ in ok], [mean(p) for _, p in ok], 'o-', label=v, color=color, lw=1.3, ms=3)
