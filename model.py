@@ -541,32 +541,54 @@ def seen_by(model, idx, modules):
     return seen
 
 
+# the nonlinear fraction's floor: its least-squares fit has 2 hs + 1 unknowns per output (A, c on [q, k, 1]); with
+# about as many tokens it fits anything (0%), and it reads low well beyond. Below FIT_TOKENS distinct tokens per
+# unknown, or if [q, k, 1] has not full rank, it is None ("too few tokens"). At the floor it reads ~6% low (a
+# least-squares residual shrinks as sqrt(1 - unknowns / tokens)); train.py measures it on 8,192 val tokens
+FIT_TOKENS = 8
+
+
 @torch.no_grad()
 def qk_diagnostics(model, idx):
     """How much, and how nonlinearly, each layer's q/k map moves real tokens idx (B, T). Per layer (and head):
     dq = |q' - q| / |q|, dk = |k' - k| / |k|, nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)| (least
-    squares per head, over all tokens): ~0 for a linear map (dt = 0, SiLU's straight range), which W_q, W_k absorb;
-    and each learned per-head scalar the map declares in `scalars` (dt, ...), by name."""
+    squares per head, over all tokens; None below the FIT_TOKENS floor): ~0 for a linear map (dt = 0, SiLU's
+    straight range), which W_q, W_k absorb; and each learned per-head scalar the map declares in `scalars` (dt, ...)."""
     maps = [blk.attn.qk for blk in model.transformer.h if blk.attn.qk is not None]
     if not maps:
         return []
     stats, rel = [], lambda a, b: ((a - b).norm() / b.norm()).item()
     for mod, (q, k), (q1, k1) in seen_by(model, idx, maps):  # (B, nh, T, hs) -> per head (nh, N, 2 hs), float64
         x, y = (torch.cat(p, -1).double().transpose(0, 1).flatten(1, 2) for p in ((q, k), (q1, k1)))
-        x1 = torch.cat((x, torch.ones_like(x[..., :1])), -1)           # affine: [q, k, 1]
-        resid = y - x1 @ torch.linalg.lstsq(x1, y).solution            # (nh, N, 2 hs)
+        x1 = torch.cat((x, torch.ones_like(x[..., :1])), -1)           # affine: [q, k, 1], (nh, N, 2 hs + 1)
+        Q, R = torch.linalg.qr(x1)                                     # x1 = Q R: Q spans what an affine map reaches
+        resid = y - Q @ (Q.transpose(1, 2) @ y)                        # y less its least-squares fit, (nh, N, 2 hs)
+        sv, unknowns = torch.linalg.svdvals(R), x1.size(-1)            # x1's singular values, (nh, 2 hs + 1)
+        full_rank = bool((sv[:, -1] > sv[:, 0] * x1.size(1) * torch.finfo(sv.dtype).eps).all())
+        distinct = torch.unique(x.transpose(0, 1).flatten(1), dim=0).size(0)  # tokens whose (q, k) differ
+        fits = full_rank and distinct >= FIT_TOKENS * unknowns
         hs = q.size(-1)
         stats.append(dict(dq=rel(y[..., :hs], x[..., :hs]), dk=rel(y[..., hs:], x[..., hs:]),
-                          nonlinear=(resid.norm() / x.norm()).item(),
-                          nonlinear_heads=(resid.norm(dim=(1, 2)) / x.norm(dim=(1, 2))).tolist()))
+                          nonlinear=(resid.norm() / x.norm()).item() if fits else None,
+                          nonlinear_heads=(resid.norm(dim=(1, 2)) / x.norm(dim=(1, 2))).tolist() if fits else None))
         stats[-1].update({name: getattr(mod, name).flatten().tolist() for name in getattr(mod, 'scalars', ())})
     return stats
 
 
-def attention_probs(q, k):  # softmax(q k^T / sqrt(hs)) over positions <= t, in float64: (B, nh, T, T)
+def attention_probs(q, k, dtype=torch.float32):  # softmax(q k^T / sqrt(hs)) over positions <= t: (B, nh, T, T)
     T = q.size(2)
-    att = q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.size(-1))
+    att = q.to(dtype) @ k.to(dtype).transpose(-2, -1) / math.sqrt(q.size(-1))
     return att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), -math.inf).softmax(-1)
+
+
+def top_singular_values(a, n=2, block=8, iters=10):
+    """sigma_1 .. sigma_n of each matrix a (..., T, T), cheaply: subspace iteration, x <- orth(a^T a x) on a block of
+    `block` vectors (from a fixed seed), then the exact singular values of a x (..., T, block). Converges as
+    (sigma_{block+1} / sigma_n)^(2 iters): a few matmuls of (T, T) by (T, block), no (T, T) decomposition."""
+    x = torch.randn(a.size(-1), min(block, a.size(-1)), generator=torch.Generator().manual_seed(0)).to(a)
+    for _ in range(iters):
+        x = torch.linalg.qr(a.transpose(-2, -1) @ (a @ x)).Q         # (..., T, block), orthonormal columns
+    return torch.linalg.svdvals(a @ x)[..., :n]                      # (..., n), descending
 
 
 def attention_stats(att):
@@ -576,25 +598,29 @@ def attention_stats(att):
     rows, T = att[..., 1:, :], att.size(-1)                                           # rows i = 1 .. T-1
     log_n = torch.arange(2, T + 1, dtype=att.dtype, device=att.device).log()           # log(i + 1), (T-1,)
     entropy = -torch.special.xlogy(rows, rows).sum(-1) / log_n                         # -sum p log p, 0 log 0 = 0
-    sigma = torch.linalg.svdvals(att)                                                  # (..., T), descending
+    sigma = top_singular_values(att)                                                   # (..., 2), descending
     return dict(entropy=entropy.mean().item(), sink=rows[..., 0].mean().item(),
                 gap=(sigma[..., 1] / sigma[..., 0]).mean().item())
 
 
+DIAG_SEQUENCES = 4  # the attention diagnostics read this many sequences of their batch: (4, nh, T, T) float32 a layer
+
+
 @torch.no_grad()
-def attention_diagnostics(model, idx):
+def attention_diagnostics(model, idx, sequences=DIAG_SEQUENCES):
     """The pathologies coupling is said to cure (attention gone uniform, a sink, a widening gap between the leading
-    singular values), per layer on real tokens idx (B, T): attention_stats of every head's softmax, from the q, k
-    the layer scored (its `scored` hook point). Diff: each sub-head's softmax on its own (their signed difference is
-    no distribution)."""
+    singular values), per layer on real tokens (the first `sequences` rows of idx (B, T)): attention_stats of every
+    head's softmax, from the q, k the layer scored (its `scored` hook point). Diff: each sub-head's softmax on its
+    own (their signed difference is no distribution)."""
     if idx.size(1) < 2:  # no row i >= 1
         return []
-    scored = seen_by(model, idx, [blk.attn.scored for blk in model.transformer.h])
+    scored = seen_by(model, idx[:sequences], [blk.attn.scored for blk in model.transformer.h])
     return [attention_stats(attention_probs(*qk)) for _, _, qk in scored]
 
 
-def median_layer(stats, key):  # a diagnostic in one number: the median over layers
-    return statistics.median(s[key] for s in stats)
+def median_layer(stats, key):  # a diagnostic in one number: the median over layers (None if a layer has none)
+    values = [s[key] for s in stats]
+    return None if None in values else statistics.median(values)
 
 
 # --------------------------------------------------------------------------------------------------------------

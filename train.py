@@ -69,6 +69,7 @@ out_dir = 'out'
 eval_interval = 250
 log_interval = 10
 eval_iters = 40  # batches per validation estimate
+diag_interval = 1  # the q/k and attention diagnostics every N evals (and at the last); 0: never
 eval_only = False  # evaluate out_dir's checkpoint on the full splits, and exit
 always_save_checkpoint = True  # False: save only when the val loss improves
 init_from = 'scratch'  # or 'resume' (from out_dir/ckpt.pt)
@@ -283,10 +284,10 @@ if checkpoint is not None and not sample and checkpoint.get('fingerprint') not i
 train_gen = torch.Generator().manual_seed(seed + rank)  # each rank its own batches
 
 
-def get_batch(split, gen):
+def get_batch(split, gen, n=None):  # n sequences, batch_size by default
     # a new memmap every batch: a long-lived one leaks memory
     data = np.memmap(splits[split], dtype=np.uint16, mode='r')
-    ix = torch.randint(len(data) - block_size - 1, (batch_size,), generator=gen)
+    ix = torch.randint(len(data) - block_size - 1, (n or batch_size,), generator=gen)
     x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])
     y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])
     if device_type == 'cuda':
@@ -539,12 +540,17 @@ while True:
             losses = dict(train=est[0].item(), val=est[1].item())
         if not all(math.isfinite(v) for v in losses.values()):  # the last update broke it
             not_finite(iter_num, losses['val'])
-        x = get_batch('val', torch.Generator().manual_seed(10_000))[0] if master else None  # the diagnostics' batch
-        qk, att = (qk_diagnostics(raw_model, x), attention_diagnostics(raw_model, x)) if master else ([], [])
+        # the diagnostics' batch: 8,192 val tokens whatever the batch or world size (the nonlinear fit's floor);
+        # the attention statistics read its first few sequences
+        diag = master and diag_interval and (iter_num // eval_interval % diag_interval == 0 or last)
+        x = get_batch('val', torch.Generator().manual_seed(10_000), -(-8192 // block_size))[0] if diag else None
+        qk, att = (qk_diagnostics(raw_model, x), attention_diagnostics(raw_model, x)) if diag else ([], [])
+        nonlinear = median_layer(qk, 'nonlinear') if qk else None
         print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val ppl "
                f"{perplexity(losses['val']):.2f} ({eval_iters}-batch estimates)" + (
-                   " | q/k map: nonlinear {:.2%}, dq {:.1%}, dk {:.1%} (median layer)".format(
-                       *(median_layer(qk, k) for k in ('nonlinear', 'dq', 'dk'))) if qk else '') + (
+                   " | q/k map: nonlinear {}, dq {:.1%}, dk {:.1%} (median layer)".format(
+                       'too few tokens' if nonlinear is None else f"{nonlinear:.2%}",
+                       *(median_layer(qk, k) for k in ('dq', 'dk'))) if qk else '') + (
                    " | attention: entropy {:.2f}, sink {:.2f}, gap {:.2f} (median layer)".format(
                        *(median_layer(att, k) for k in ('entropy', 'sink', 'gap'))) if att else ''))
         log(dict(event='eval', iter=iter_num, train_loss=losses['train'], val_loss=losses['val'],
