@@ -603,7 +603,7 @@ def attention_stats(att):
                 gap=(sigma[..., 1] / sigma[..., 0]).mean().item())
 
 
-DIAG_SEQUENCES = 4  # the attention diagnostics read this many sequences of their batch: (4, nh, T, T) float32 a layer
+DIAG_SEQUENCES = 8  # the attention diagnostics read this many sequences of their batch: (8, nh, T, T) float32 a layer
 
 
 @torch.no_grad()

@@ -789,6 +789,28 @@ def test_diagnostic_covers_every_q_k_transform(attn):
         assert all(s[name] == getattr(qk, name).flatten().tolist() for name in getattr(qk, 'scalars', ()))
 
 
+@pytest.mark.parametrize('n_head', [8, 4])  # 256 wide: hs = 32 (the tiny preset's heads), hs = 64 (60m's)
+def test_nonlinear_fraction_has_a_floor_and_reads_near_its_8192_token_value_above_it(n_head):
+    # the affine fit has 2 hs + 1 unknowns per output: on about as many tokens it fits anything (it read 0.00%).
+    # From FIT_TOKENS distinct tokens per unknown it is within 8% of its value on 8,192 tokens (a least-squares
+    # residual shrinks as sqrt(1 - unknowns / tokens): 0.935 at the floor); below the floor, None
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=n_head, n_embd=256, vocab_size=257, block_size=64, attn='coupled'),
+                verbose=False)
+    idx = idx_batch(B=128, T=64, vocab=257)  # 8,192 tokens
+    nonlinear = lambda x: qk_diagnostics(model, x)[0]['nonlinear']
+    unknowns = 2 * 256 // n_head + 1
+    at_floor = -(-M.FIT_TOKENS * unknowns // 64)  # sequences of 64 at the floor, and one fewer
+    want = nonlinear(idx)
+    assert want > 0.01 and nonlinear(idx[:at_floor]) == pytest.approx(want, rel=0.08)
+    assert nonlinear(idx[:4 * at_floor]) == pytest.approx(want, rel=0.02)
+    assert nonlinear(idx[:at_floor - 1]) is None and nonlinear(idx[:unknowns // 64 + 1]) is None
+    assert nonlinear(idx[:1].repeat(128, 1)) is None  # 8,192 tokens, 64 distinct: too few tokens all the same
+    stats = qk_diagnostics(model, idx[:2])[0]
+    assert stats['nonlinear_heads'] is None and stats['dq'] > 0  # dq, dk need no fit
+    assert M.median_layer([stats, qk_diagnostics(model, idx)[0]], 'nonlinear') is None  # a layer without: None
+
+
 @pytest.mark.parametrize('attn', ['coupled', 'euler-mlp'])
 def test_qk_scale_sets_the_spread_of_the_forces_pre_activations(attn):
     cfg = tiny(attn, qk_scale=2.0)
@@ -858,6 +880,57 @@ def test_diff_attention_is_measured_per_sub_softmax():
     assert len(d) == 2 and d[0] == pytest.approx(s[0], rel=1e-9) and s[0]['entropy'] < 0.8
     assert all(0 <= x[key] <= 1 for x in d for key in x)
 
+
+
+def test_top_singular_values_match_the_full_decomposition():
+    # sigma_1, sigma_2 by subspace iteration against svdvals, on attention near uniform (init) and peaked: the gap
+    # (sigma_2 / sigma_1) within 1e-3 of the exact one, far below the spread between batches of sequences
+    for factor in (1.0, 30.0):
+        model = build('coupled', block_size=128)
+        sharpen(model, factor)
+        for _, _, (q, k) in M.seen_by(model, idx_batch(B=4, T=128), [b.attn.scored for b in model.transformer.h]):
+            att = M.attention_probs(q, k, torch.float64)
+            exact, fast = torch.linalg.svdvals(att)[..., :2], M.top_singular_values(att.float())
+            assert fast.dtype == torch.float32 and fast.shape == (4, 4, 2)
+            assert (fast[..., 1] / fast[..., 0] - exact[..., 1] / exact[..., 0]).abs().mean() < 1e-3, factor
+            assert torch.allclose(fast[..., 0].double(), exact[..., 0], rtol=1e-4)
+
+
+def test_attention_diagnostics_at_the_recipes_shape_read_eight_sequences_and_decompose_no_t_by_t_matrix():
+    # 60m's heads (8 of 64) at block 512 on the recipe's eval batch (32 sequences; 2 layers, a small vocabulary:
+    # the same per-layer work): the model sees 8 sequences, the largest tensor is one layer's (8, 8, 512, 512)
+    # float32 probabilities (the old diagnostics: (32, 8, 512, 512) float64, 256 decompositions of 512 x 512 a layer),
+    # and every singular value decomposition is of a (512, 8) block: 8 x 8 per layer
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.svd, self.largest, self.batches, self.wide = [], 0, set(), set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if 'svd' in name:
+                self.svd.append(tuple(args[0].shape))
+            if name == 'embedding' and args[1].dim() == 2:  # the tokens' (B, T), not the positions' (T,)
+                self.batches.add(args[1].size(0))
+            for t in (out if isinstance(out, (tuple, list)) else [out]):
+                if isinstance(t, torch.Tensor) and t.numel() > self.largest:
+                    self.largest, self.largest_dtype = t.numel(), t.dtype
+                if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
+                    self.wide.add(tuple(t.shape))
+            return out
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(**(PRESETS['60m'] | dict(n_layer=2)), vocab_size=64, block_size=512, attn='coupled')
+    model = GPT(cfg, verbose=False)
+    seen = Seen()
+    with seen:
+        stats = M.attention_diagnostics(model, idx_batch(B=32, T=512, vocab=64))
+    assert len(stats) == 2 and seen.batches == {8}
+    assert seen.largest == 8 * 8 * 512 * 512 and seen.largest_dtype == torch.float32 and not seen.wide
+    assert len(seen.svd) == 2 and all(shape == (8, 8, 512, 8) for shape in seen.svd), seen.svd
 
 
 # ---------------------------------------------------------------------------------------------------------------
