@@ -64,7 +64,7 @@ def well_typed(r):  # the fields the report reads have the types it expects
     return (isinstance(r.get('event'), str) and isinstance(r.get('config', {}), dict) and isinstance(qk, list)
             and all(num(r.get(k, 0)) for k in ('iter', 'model_iter', 'tokens', 'model_tokens', 'val_loss', 'val_ppl',
                                                'ms'))
-            and all(isinstance(s, dict) and num(s.get('nonlinear')) and isinstance(s.get('dt', []), list)
+            and all(isinstance(s, dict) and (num(s.get('nonlinear')) or s.get('nonlinear', 0) is None) and isinstance(s.get('dt', []), list)
                     and all(map(num, s.get('dt', []))) for s in qk)
             and isinstance(att, list) and all(isinstance(s, dict) and all(num(s.get(k)) for k in ATTENTION)
                                               for s in att))
@@ -288,7 +288,7 @@ def report(folders, plot, sweep=None):
         if ref:
             used.add(ref)
         qk = [r['evals'][-1].get('qk') for r in row['runs'] if r['evals']]
-        nonlin = [median_layer(q, 'nonlinear') for q in qk if q]
+        nonlin = [n for n in (median_layer(q, 'nonlinear') for q in qk if q) if n is not None]  # None: too few tokens
         dts = [mean(d for s in q for d in s.get('dt', [])) for q in qk if q and q[0].get('dt')]
         ms = [m for r in row['runs'] for m in r['ms'][1:] or r['ms']]
         print(f"| {corpus} | {name} | {len(p)} | {spread} | {rel} | {ratio} | "
@@ -478,7 +478,10 @@ RECIPE_RUNS = [('standard', '--attn=standard'), ('coupled', '--attn=coupled'), (
                ('invertible', '--attn=invertible'), ('diff', '--attn=diff'), ('diff+coupled', '--attn=diff+coupled'),
                ('standard-2.4x', '--attn=standard --max_iters=48000')]  # the paper's compute match: 2.4x the tokens
 PLAN_GPUS = {'H100': 'NVIDIA H100 80GB HBM3', 'A100': 'NVIDIA A100-SXM4-80GB'}  # SXM
-UTILISATION = 0.35
+UTILISATION = 0.35  # of the bf16 peak: an estimate (never measured on these GPUs), for training and evaluation
+COMPILE_MINUTES = 1.5  # torch.compile's first step, each rank at once: an estimate (1-2 minutes)
+EVAL_ITERS, EVAL_BATCH = 40, 32  # train.py's --eval_iters, the 1-GPU recipe's batch: the estimates' sequences
+DIAG_TOKENS = 8192 + 8 * 512  # rank 0's diagnostics at an eval: the q/k map's 8,192 tokens, 8 sequences' attention
 
 
 def recipe(world_size):
@@ -491,9 +494,20 @@ def recipe(world_size):
     return RECIPE.format(launch=launch, batch=batch, accum=per_rank // batch)
 
 
+def plan_minutes(cfg, T, tokens, evals, world_size, peak):
+    """A run's wall-clock minutes, each part an estimate: training (the FLOP model at UTILISATION, split over the
+    ranks); evaluation (evals x a forward, a third of a training step's FLOPs, of the estimates' 2 x EVAL_ITERS x
+    EVAL_BATCH sequences split by sequence over the ranks, plus rank 0's DIAG_TOKENS, which do not split); compile."""
+    rate = UTILISATION * peak  # FLOP/s on one GPU
+    forward = flops_per_token(cfg, T) / 3
+    train = tokens * flops_per_token(cfg, T) / (rate * world_size)
+    evaluation = evals * forward * (2 * EVAL_ITERS * EVAL_BATCH * T / world_size + DIAG_TOKENS) / rate
+    return dict(train=train / 60, eval=evaluation / 60, compile=COMPILE_MINUTES)
+
+
 def plan(world_size):
-    """The GPU recipe as a markdown table: each run's command, tokens and training time from the FLOP model at
-    UTILISATION of the GPUs' bf16 peak (evaluation adds ~1%)."""
+    """The GPU recipe as a markdown table: each run's command, tokens and wall-clock time (plan_minutes: training
+    from the FLOP model, evaluations and compile; all estimates)."""
     flags = lambda text: dict(a.removeprefix('--').split('=', 1) for a in text.split() if a[:2] == '--' and '=' in a)
     command = recipe(world_size)
     base, gpus = flags(command), f"{world_size}x " if world_size > 1 else ''
@@ -501,18 +515,26 @@ def plan(world_size):
     print(f"R=\"{command}\"\n")
     accum = int(base['gradient_accumulation_steps'])
     if world_size > 1:  # batch flags are per rank
-            print(f"{step:,} tokens per step: {world_size} GPUs x {base['batch_size']} sequences x {accum} "
+        print(f"{step:,} tokens per step: {world_size} GPUs x {base['batch_size']} sequences x {accum} "
               f"micro-step{'s' * (accum > 1)} x {base['block_size']} tokens\n")
     print("| run | command | tokens | GFLOP/token | " + ' | '.join(f"{gpus}{g}" for g in PLAN_GPUS)
           + " |\n|---|---|---|---|" + '---|' * len(PLAN_GPUS))
+    fmt = lambda m: f"{m:.0f} min" if m < 120 else f"{m / 60:.1f} h"
     for name, extra in RECIPE_RUNS:
         f = base | flags(extra)
         cfg = GPTConfig(attn=f['attn'], qk_steps=int(f.get('qk_steps', 1)), **PRESETS[f['preset']])
-        tokens = step * int(f['max_iters'])
-        flop = flops_per_token(cfg, int(f['block_size']))
-        hours = [tokens * flop / (UTILISATION * GPU_PEAK_FLOPS[g] * world_size) / 3600 for g in PLAN_GPUS.values()]
-        print(f"| {name} | `$R {extra} --out_dir=runs/60m/{name}` | {tokens / 1e9:.2f}B | {flop / 1e9:.3f} | "
-              + ' | '.join(f"{h * 60:.0f} min" if h < 2 else f"{h:.1f} h" for h in hours) + ' |')
+        tokens, T = step * int(f['max_iters']), int(f['block_size'])
+        evals = int(f['max_iters']) // int(f['eval_interval']) + 1  # at 0, every eval_interval, and the last
+        parts = [plan_minutes(cfg, T, tokens, evals, world_size, GPU_PEAK_FLOPS[g]) for g in PLAN_GPUS.values()]
+        if name == 'standard':
+            first, first_evals = parts, evals
+        print(f"| {name} | `$R {extra} --out_dir=runs/60m/{name}` | {tokens / 1e9:.2f}B | "
+              f"{flops_per_token(cfg, T) / 1e9:.3f} | " + ' | '.join(fmt(sum(p.values())) for p in parts) + ' |')
+    print(f"\nEach time is an estimate: training at {UTILISATION:.0%} of the bf16 peak (the FLOP model), plus "
+          f"{first_evals} evaluations for 20,000 steps (each {2 * EVAL_ITERS * EVAL_BATCH:,} sequences split over the {world_size} GPU(s), and "
+          f"rank 0's diagnostics on {DIAG_TOKENS:,} tokens), plus ~{COMPILE_MINUTES} min of compile. standard on "
+          + ', '.join(f"{g}: {p['train']:.0f} + {p['eval']:.1f} + {p['compile']} min" for g, p in zip(PLAN_GPUS, first))
+          + '.')
 
 
 # -----------------------------------------------------------------------------

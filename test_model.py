@@ -2976,6 +2976,22 @@ def test_readme_gpu_recipe_is_what_bench_plan_prints(capsys, monkeypatch):
         assert step == 65_536 and step * int(f['max_iters']) == 1_310_720_000, command
 
 
+def test_plan_adds_evaluation_and_compile_to_training_and_says_they_are_estimates(capsys, monkeypatch):
+    # training splits over the ranks; the estimates' sequences split by sequence (sharded evaluation); rank 0's
+    # diagnostics and the compile do not: on 8 GPUs they are a larger part of the time
+    cfg, T = GPTConfig(**PRESETS['60m']), 512
+    one, eight = (bench.plan_minutes(cfg, T, 1.31e9, 21, ws, 989e12) for ws in (1, 8))
+    assert eight['train'] == pytest.approx(one['train'] / 8) and one['compile'] == eight['compile'] > 0
+    forward = flops_per_token(cfg, T) / 3 / (bench.UTILISATION * 989e12) / 60  # minutes a token
+    assert one['eval'] == pytest.approx(21 * forward * (2 * 40 * 32 * T + bench.DIAG_TOKENS))
+    assert eight['eval'] == pytest.approx(21 * forward * (2 * 40 * 32 * T / 8 + bench.DIAG_TOKENS))
+    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, '--plan', '--world_size=8'))
+    row = re.search(r'^\| standard \| .*\| ([\d.]+) (min|h) \| [\d.]+ (?:min|h) \|$', r.stdout, re.M)
+    assert r.returncode == 0 and float(row.group(1)) == round(sum(bench.plan_minutes(
+        cfg, T, 1_310_720_000, 21, 8, bench.GPU_PEAK_FLOPS['NVIDIA H100 80GB HBM3']).values())), r.stdout
+    assert 'Each time is an estimate' in r.stdout and 'compile' in r.stdout and '21 evaluations' in r.stdout
+
+
 @pytest.fixture(scope='module')
 def wikitext103(tmp_path_factory):
     """WikiText-103 as the recipe reads it: a zip with the archive's layout, through prepare_data.py's --input."""
