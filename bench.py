@@ -671,7 +671,7 @@ def print_timing(results, args):
 # --gpu_check: the first thing to run on a GPU
 
 def qk_bf16_error(device, attn='coupled', batch_size=2, block_size=512):
-    """The q/k map of one layer at 60m's head shape under bf16 autocast against float32, on the same bf16 q, k (as
+    """The q/k map of one layer at 60m's head shape under bf16 autocast against float64, on the same bf16 q, k (as
     autocast's c_attn gives them, at their initial spread): the relative error of its output (q', k') and of its
     move (q' - q, k' - k), the larger of q's and k's."""
     torch.manual_seed(0)
@@ -680,7 +680,8 @@ def qk_bf16_error(device, attn='coupled', batch_size=2, block_size=512):
     q, k = ((0.02 * math.sqrt(cfg.n_embd) * torch.randn(batch_size, cfg.n_head, block_size, hs)).bfloat16().to(device)
             for _ in range(2))
     with torch.no_grad():
-        want = qk(q.float(), k.float())
+        want = [w.float() for w in qk.double()(q.double(), k.double())]  # the reference in float64: no TF32
+        qk.float()
         with torch.autocast(device.split(':')[0], dtype=torch.bfloat16):
             got = qk(q, k)
     rel = lambda err, ref: max((e.norm() / r.norm()).item() for e, r in zip(err, ref))
@@ -703,14 +704,32 @@ def gpu_check(args, device):
     if not peak:
         print(f"note: no MFU: {name!r} is not in model.GPU_PEAK_FLOPS; set GPU_PEAK_TFLOPS to its dense bf16 TFLOP/s")
     out, move = qk_bf16_error(device)
-    print(f"q/k map (coupled) in bf16 against float32: output {out:.2%}, its move {move:.2%} (relative errors)")
+    print(f"q/k map (coupled) in bf16 against float64: output {out:.2%}, its move {move:.2%} (relative errors)")
     records = []
     for compiled in ('False', 'True'):
         args.compile = compiled
         res = timing(args, ['standard', 'coupled'], ['train'], device)
         print_timing(res, args)
         records += list(res.values())
-    args.compile, layouts = 'False', {}
+    args.compile, args.qk_steps = 'False', 7  # coupled --qk_steps=7 (14 forces a layer) beside steps 1, eager
+    res = timing(args, ['standard', 'coupled'], ['train'], device)
+    records.append(res[('coupled', 'train')] | dict(attn='coupled (qk_steps=7)'))
+    print(f"coupled --qk_steps=7 / standard, eager: {res[('coupled', 'train')]['ratio_vs_standard']:.3f}")
+    args.qk_steps = 1
+    if device.startswith('cuda'):  # a few steps where any device-to-host sync is an error (CUDA only)
+        args.iters, iters = 1, args.iters
+        torch.cuda.set_sync_debug_mode('error')
+        try:
+            timing(args, ['standard', 'coupled'], ['train'], device)
+            print("sync debug mode 'error': a training step of standard and coupled makes no host sync")
+        except RuntimeError as e:
+            print(f"sync debug mode 'error': a host sync in a training step ({why(e)})")
+        finally:
+            torch.cuda.set_sync_debug_mode('default')
+            args.iters = iters
+    else:
+        print("sync debug mode: skipped (CUDA only)")
+    layouts = {}
     for split in (False, True):  # diff's attention: one SDPA call per sub-head (v at 2hs), or per half of v (flash)
         CausalSelfAttention.split_v = split
         res = timing(args, ['standard', 'diff'], ['train'], device)

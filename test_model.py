@@ -2923,14 +2923,19 @@ def test_gpu_check_runs_at_a_reduced_shape_on_cpu(tmp_path, capsys, monkeypatch,
     works = backend == 'eager'
     failed = [f'torch.compile failed for {v}' in r.stdout for v in ('standard', 'coupled')]
     assert failed == [not works] * 2
-    assert re.search(r'q/k map \(coupled\) in bf16 against float32: output \d+\.\d+%, its move \d+\.\d+%', r.stdout)
+    assert re.search(r'q/k map \(coupled\) in bf16 against float64: output \d+\.\d+%, its move \d+\.\d+%', r.stdout)
+    assert re.search(r'coupled --qk_steps=7 / standard, eager: \d\.\d{3}', r.stdout)
+    assert 'sync debug mode: skipped (CUDA only)' in r.stdout  # a CPU: no CUDA sync check
     assert re.search(r'coupled / standard, eager: \d\.\d{3}', r.stdout)
     assert re.search(r'coupled / standard, compiled: \d\.\d{3}', r.stdout) or not works
     assert ('compile did not run' in r.stdout) != works and 'diff, eager: v at 2hs' in r.stdout
     records = [json.loads(line) for line in open(out)]
-    assert sorted(rec['attn'] for rec in records) == ['coupled', 'coupled', 'diff (split_v=False)',
-                                                      'diff (split_v=True)', 'standard', 'standard']
-    assert sorted(rec['compiled'] for rec in records) == [False] * (6 - 2 * works) + [True] * (2 * works)
+    assert sorted(rec['attn'] for rec in records) == ['coupled', 'coupled', 'coupled (qk_steps=7)',
+                                                      'diff (split_v=False)', 'diff (split_v=True)', 'standard',
+                                                      'standard']
+    assert sorted(rec['compiled'] for rec in records) == [False] * (7 - 2 * works) + [True] * (2 * works)
+    ratio = {rec['attn']: rec['flop_model_ratio'] for rec in records}  # 7 steps priced as 7 (14 forces a layer)
+    assert ratio['coupled (qk_steps=7)'] > ratio['coupled'] > 1
     assert all(rec['mfu'] is None for rec in records)  # no peak known for a CPU
     assert M.CausalSelfAttention.split_v is None  # restored
 
