@@ -36,8 +36,8 @@ from statistics import mean, median, stdev  # noqa: E402
 import torch  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
-from model import (GPU_PEAK_FLOPS, PRESETS, GPT, CausalSelfAttention, GPTConfig, attn_names, flops_per_token,  # noqa
-                   median_layer, peak_flops)
+from model import (GPU_PEAK_FLOPS, PRESETS, GPT, CausalSelfAttention, GPTConfig, attention_diagnostics,  # noqa
+                   attn_names, flops_per_token, median_layer, peak_flops, qk_diagnostics)
 
 MODES = ('train', 'forward', 'generate')
 
@@ -750,6 +750,36 @@ def gpu_check(args, device):
     return records
 
 
+def diag_cost(args, device):
+    """One eval's diagnostics (train.py's: qk_diagnostics on 8,192 tokens, attention_diagnostics on their first
+    sequences) against one forward of the estimate's batch (batch_size sequences, as estimate_loss runs each of its
+    batches), for --attn's last variant at --preset, --block_size; random tokens. Wall-clock seconds, one call each."""
+    cfg = GPTConfig(attn=args.attn.split(',')[-1], block_size=args.block_size, vocab_size=args.vocab_size,
+                    qk_steps=args.qk_steps, **PRESETS[args.preset])
+    model, gen = GPT(cfg, verbose=False).to(device).eval(), torch.Generator().manual_seed(0)
+    batch = torch.randint(args.vocab_size, (args.batch_size, args.block_size), generator=gen).to(device)
+    diag = torch.randint(args.vocab_size, (-(-8192 // args.block_size), args.block_size), generator=gen).to(device)
+    autocast = (torch.autocast(device.split(':')[0], dtype=getattr(torch, args.dtype)) if args.dtype != 'float32'
+                else nullcontext())
+    sync = torch.cuda.synchronize if device.startswith('cuda') else (lambda: None)
+    seconds = {}
+    for name, fn in (('forward', lambda: model(batch, batch)), ('qk_diagnostics', lambda: qk_diagnostics(model, diag)),
+                     ('attention_diagnostics', lambda: attention_diagnostics(model, diag))):
+        with torch.no_grad(), autocast if name == 'forward' else nullcontext():
+            sync()
+            t0 = time.time()
+            fn()
+            sync()
+            seconds[name] = time.time() - t0
+    both = seconds['qk_diagnostics'] + seconds['attention_diagnostics']
+    print(f"diagnostics cost: {cfg.attn}, preset {args.preset}, block {args.block_size}, {device}, "
+          f"{torch.get_num_threads()} threads: one forward of {args.batch_size} sequences {seconds['forward']:.2f} s; "
+          f"qk_diagnostics ({diag.numel():,} tokens) {seconds['qk_diagnostics']:.2f} s, attention_diagnostics "
+          f"{seconds['attention_diagnostics']:.2f} s: {both / seconds['forward']:.1f} forwards, "
+          f"{both / (2 * EVAL_ITERS * seconds['forward']):.1%} of an estimate_loss ({2 * EVAL_ITERS} forwards)")
+    return [dict(seconds, attn=cfg.attn, mode='diag_cost')]
+
+
 # -----------------------------------------------------------------------------
 
 class Parser(argparse.ArgumentParser):
@@ -780,6 +810,8 @@ def main():
                    "diverged runs and loss spikes against this train.py setting, e.g. learning_rate")
     p.add_argument('--plan', action='store_true', help="print the paper's 60M ablation as GPU commands with their cost")
     p.add_argument('--world_size', type=int, default=1, help='--plan: GPUs in all (8 a node)')
+    p.add_argument('--diag_cost', action='store_true', help="time one eval's diagnostics against one forward of "
+                   "the estimate's batch (e.g. --preset=60m --block_size=512 --batch_size=32 --attn=coupled)")
     p.add_argument('--gpu_check', action='store_true', help="the recipe's training step on one CUDA GPU (60m, "
                    "32 x 512 tokens, bf16), eager and compiled, with MFU")
     args = p.parse_args()
@@ -842,6 +874,8 @@ def main():
         keep_freed_memory()
     if args.gpu_check:
         results = {i: r for i, r in enumerate(gpu_check(args, device))}
+    elif args.diag_cost:
+        results = {i: r for i, r in enumerate(diag_cost(args, device))}
     else:
         results = timing(args, variants, modes, device)
         print_timing(results, args)

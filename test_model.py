@@ -2940,6 +2940,17 @@ def test_gpu_check_runs_at_a_reduced_shape_on_cpu(tmp_path, capsys, monkeypatch,
     assert M.CausalSelfAttention.split_v is None  # restored
 
 
+def test_diag_cost_times_the_diagnostics_against_a_forward(capsys, monkeypatch):
+    # the README's measurement at 60m (--preset=60m --block_size=512 --batch_size=32), here at a tiny shape
+    r = subprocess.CompletedProcess('bench.py', *bench_report(
+        capsys, monkeypatch, '--diag_cost', '--device=cpu', '--preset=tiny', '--block_size=64', '--batch_size=2',
+        '--vocab_size=64', '--attn=coupled'))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert re.search(r'one forward of 2 sequences [\d.]+ s; qk_diagnostics \(8,192 tokens\) [\d.]+ s, '
+                     r'attention_diagnostics [\d.]+ s: [\d.]+ forwards, [\d.]+% of an estimate_loss \(80 forwards\)',
+                     r.stdout), r.stdout
+
+
 def test_gpu_check_without_cuda_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, '--gpu_check'))
