@@ -96,7 +96,8 @@ class HeadMLP(nn.Module):
                               else torch.randn(n_head, d_out, hidden) / math.sqrt(hidden))
 
     def pre(self, x):  # pre-activation z = W x + b: (..., nh, N, d_in) @ (nh, d_in, m) -> (..., nh, N, m)
-        return x @ self.W.transpose(1, 2) + self.b
+        z = x @ self.W.transpose(1, 2)
+        return z + self.b.to(z.dtype)  # b in the matmul's dtype (bf16 under autocast): z stays in it
 
     def forward(self, x, scale=1.0):  # scale (e.g. a step size, (nh, 1, 1)) folded into the small a: cheap
         return F.silu(self.pre(x)) @ (scale * self.a).transpose(1, 2)
@@ -190,7 +191,7 @@ class Hamiltonian(nn.Module):
 
     def forward(self, q, k, dt=None):
         B, nh, T, hs = q.shape
-        dt = (self.dt if dt is None else dt).view(nh, 1, 1)
+        dt = (self.dt if dt is None else dt).view(nh, 1, 1).to(q.dtype)  # q's dtype: under autocast q, k stay bf16
         # all tokens of a head as one matrix, (B, nh, T, hs) -> (nh, B*T, hs): the force is one batched matmul
         q, k = (x.transpose(0, 1).reshape(nh, B * T, hs) for x in (q, k))
         for _ in range(self.steps):
@@ -213,7 +214,7 @@ class Uncoupled(nn.Module):
         self.steps = steps
 
     def forward(self, q, k):
-        dt = self.dt.view(-1, 1, 1)
+        dt = self.dt.view(-1, 1, 1).to(q.dtype)  # q's dtype: under autocast q, k stay bf16
         for _ in range(self.steps):
             q, k = q + self.g_q(q, dt), k + self.g_k(k, dt)       # q += dt g_q(q); k += dt g_k(k)
         return q, k
