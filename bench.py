@@ -64,7 +64,8 @@ def well_typed(r):  # the fields the report reads have the types it expects
     return (isinstance(r.get('event'), str) and isinstance(r.get('config', {}), dict) and isinstance(qk, list)
             and all(num(r.get(k, 0)) for k in ('iter', 'model_iter', 'tokens', 'model_tokens', 'val_loss', 'val_ppl',
                                                'ms'))
-            and all(isinstance(s, dict) and (num(s.get('nonlinear')) or s.get('nonlinear', 0) is None) and isinstance(s.get('dt', []), list)
+            and all(isinstance(s, dict) and (num(s.get('nonlinear')) or s.get('nonlinear', 0) is None)  # None: too few
+                    and isinstance(s.get('dt', []), list)
                     and all(map(num, s.get('dt', []))) for s in qk)
             and isinstance(att, list) and all(isinstance(s, dict) and all(num(s.get(k)) for k in ATTENTION)
                                               for s in att))
@@ -531,7 +532,8 @@ def plan(world_size):
         print(f"| {name} | `$R {extra} --out_dir=runs/60m/{name}` | {tokens / 1e9:.2f}B | "
               f"{flops_per_token(cfg, T) / 1e9:.3f} | " + ' | '.join(fmt(sum(p.values())) for p in parts) + ' |')
     print(f"\nEach time is an estimate: training at {UTILISATION:.0%} of the bf16 peak (the FLOP model), plus "
-          f"{first_evals} evaluations for 20,000 steps (each {2 * EVAL_ITERS * EVAL_BATCH:,} sequences split over the {world_size} GPU(s), and "
+          f"{first_evals} evaluations for 20,000 steps (each {2 * EVAL_ITERS * EVAL_BATCH:,} sequences split over "
+          f"the {world_size} GPU(s), and "
           f"rank 0's diagnostics on {DIAG_TOKENS:,} tokens), plus ~{COMPILE_MINUTES} min of compile. standard on "
           + ', '.join(f"{g}: {p['train']:.0f} + {p['eval']:.1f} + {p['compile']} min" for g, p in zip(PLAN_GPUS, first))
           + '.')

@@ -863,7 +863,8 @@ def test_attention_diagnostics_read_the_probabilities_attention_applies(attn, po
     (_, _, qkv), (_, _, (q, k)), (_, (y,), _) = seen
     B, T, C = y.shape
     v = qkv.split(C, dim=2)[2].view(B, T, 4, C // 4).transpose(1, 2).double()  # (B, nh, T, hs)
-    assert torch.allclose((M.attention_probs(q, k, torch.float64) @ v).transpose(1, 2).reshape(B, T, C), y.double(), atol=1e-5)
+    P = M.attention_probs(q, k, torch.float64)
+    assert torch.allclose((P @ v).transpose(1, 2).reshape(B, T, C), y.double(), atol=1e-5)
     stats = M.attention_diagnostics(model, idx_batch())
     assert len(stats) == 2 and stats[1] == pytest.approx(M.attention_stats(M.attention_probs(q, k)))
     assert all(0 <= s[key] <= 1 for s in stats for key in s) and stats[1]['entropy'] < 0.8  # peaked: a real check
@@ -2361,8 +2362,9 @@ def test_under_bf16_autocast_q_and_k_leave_the_qk_map_in_bf16(attn):
 
 def test_the_qk_map_in_bf16_stays_within_bf16s_rounding_of_float32():
     # coupled at 60m's head shape, on bf16 q, k as autocast's c_attn makes them, against float64. bf16 keeps 8
-    # significant bits (rounding: up to 0.4%): the output (q', k') within 1% of the reference's; the map's move (q' - q, k' - k: ~10% of
-    # |q|, |k|), whose sum with a bf16 k is rounded again, within 5%. bench.py --gpu_check prints both on CUDA
+    # significant bits (rounding: up to 0.4%): the output (q', k') within 1% of the reference's; the map's move
+    # (q' - q, k' - k: ~10% of |q|, |k|), whose sum with a bf16 k is rounded again, within 5%. bench.py --gpu_check
+    # prints both on CUDA
     out, move = bench.qk_bf16_error('cpu')
     assert 0 < out < 0.01 and 0 < move < 0.05, (out, move)
 
