@@ -1776,7 +1776,8 @@ def test_training_lowers_validation_loss_and_logs_progress_the_coupling_and_atte
     assert len(evals) == 3 and evals[-1]['val_loss'] < evals[0]['val_loss'] - 1.0
     for e in evals:  # every eval carries the per-layer coupling diagnostic, with the step sizes
         assert len(e['qk']) == 2 and all(len(s['dt']) == 4 and 0 <= s['nonlinear'] for s in e['qk'])
-    # and the attention diagnostics: per layer, those of the saved model on the diagnostics' batch (seed 10,000)
+    # and the attention diagnostics: per layer, those of the saved model on the first sequences of the diagnostics'
+    # batch (8,192 val tokens, seed 10,000), whatever --batch_size
     step = [x for x in r.stdout.splitlines() if x.startswith('step 40:')][0]
     att = evals[-1]['attn']
     assert f"attention: entropy {np.median([s['entropy'] for s in att]):.2f}, sink " in step
@@ -1784,7 +1785,7 @@ def test_training_lowers_validation_loss_and_logs_progress_the_coupling_and_atte
     model = GPT(GPTConfig(**ckpt['model_args']), verbose=False)
     model.load_state_dict(ckpt['model'])
     data = read_bin(os.path.join(corpus, 'pydocs', 'val.bin'))
-    ix = torch.randint(len(data) - 32 - 1, (4,), generator=torch.Generator().manual_seed(10_000))
+    ix = torch.randint(len(data) - 32 - 1, (M.DIAG_SEQUENCES,), generator=torch.Generator().manual_seed(10_000))
     x = torch.stack([torch.from_numpy(data[i:i + 32].astype(np.int64)) for i in ix])
     assert att == [pytest.approx(s, abs=1e-6) for s in M.attention_diagnostics(model, x)]
     assert len(att) == 2 and att != evals[0]['attn']  # it moved with training
