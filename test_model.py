@@ -3213,17 +3213,24 @@ def test_train_py_imports_only_model_and_prepare_data_from_the_repository():
     assert {'model', 'prepare_data'} <= set(imports) and not {'bench', 'test_model'} & set(imports)
 
 
-def test_readme_has_no_placeholder_left_and_its_pictures_exist():
-    text = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
-    assert '\u27e8' not in text and '{' + 'EX' not in text  # no placeholder left where a number belongs
-    pictures = re.findall(r'!\[[^]]*\]\((\.assets/[^)]+)\)', text)
-    assert len(pictures) >= 1 and all(os.path.exists(os.path.join(HERE, p)) for p in pictures), pictures
+def test_readme_and_results_have_no_placeholder_left_and_their_pictures_exist():
+    pages = ['README.md'] + [os.path.join('results', f) for f in os.listdir(os.path.join(HERE, 'results'))
+                             if f.endswith('.md')]
+    drawn = []
+    for page in pages:
+        text = open(os.path.join(HERE, page), encoding='utf-8').read()
+        assert '\u27e8' not in text and '{' + 'EX' not in text, page  # no placeholder left where a number belongs
+        pictures = [os.path.join(os.path.dirname(page), p) for p in re.findall(r'!\[[^]]*\]\(([^)]+\.png)\)', text)]
+        assert all(os.path.exists(os.path.join(HERE, p)) for p in pictures), (page, pictures)
+        drawn += pictures
+    assert {'results/.assets/curves.png', 'results/.assets/stability.png', 'results/.assets/long.png'} <= set(drawn)
 
 
 def test_nothing_a_user_reads_points_outside_the_repository():  # a clone has no folder beside it
     names = ['README.md', 'model.py', 'train.py', 'prepare_data.py', 'bench.py', 'test_model.py']
-    names += [os.path.join('exercises', f) for f in os.listdir(os.path.join(HERE, 'exercises')) if '.' in f[1:]
-              and f.rsplit('.', 1)[1] in ('py', 'md', 'sh')]
+    for folder in ('exercises', 'results'):
+        names += [os.path.join(folder, f) for f in os.listdir(os.path.join(HERE, folder)) if '.' in f[1:]
+                  and f.rsplit('.', 1)[1] in ('py', 'md', 'sh')]
     for name in names:
         text = open(os.path.join(HERE, name), encoding='utf-8').read()
         assert '..' + '/shared' not in text and '/work' + '/shared' not in text, name
@@ -3248,16 +3255,17 @@ def test_lab_is_laid_out_and_fits_90_minutes():
     assert lab_section('Discussion', worksheet).endswith('?') and 'A good answer' in lab_section('Discussion', answers)
     assert all(re.search(rf'\b[Cc]orrection {c}\b', answers) for c in 'ABCDEFG')  # each fix of the first version
     assert 'Start the quick start now' in worksheet.split('\n## 1. ')[0]  # the long run first
-    # exercise 6 trains in the README results' protocol, so its rows compare with the table's; the README points here
+    # exercise 6 trains in the laptop results' protocol, so its rows compare with the table's; the README points here
     readme = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
+    laptop = open(os.path.join(HERE, 'results', 'laptop.md'), encoding='utf-8').read()
     launcher = open(os.path.join(LAB, 'ex6_train.py')).read()
-    assert re.search(r'PROTOCOL = "(.*?)"', launcher).group(1) == re.search(r'\nP="(.*?)"\n', readme).group(1)
+    assert re.search(r'PROTOCOL = "(.*?)"', launcher).group(1) == re.search(r'\nP="(.*?)"\n', laptop).group(1)
     assert all(f'exercises/{name}' in readme for name in ('WORKSHEET.md', 'ANSWERS.md'))
     assert readme.index('\n## Glossary\n') < readme.index('\n## Classroom exercises\n')  # words before their use
-    # the discussion's numbers are the README's: the paper's gain, standard-2.4x's lead, the nonlinear fractions
+    # the discussion's numbers are the results': the paper's gain, standard-2.4x's lead, the nonlinear fractions
     discussion = lab_section('Discussion', answers)
     assert 'gains 6.6% at 60M' in lab_section('Discussion', worksheet) and '-6.6% validation perplexity' in readme
-    results = readme_section('Results at laptop scale', readme)
+    results = laptop  # the laptop table, in full
     row = lambda name: re.search(rf'\n\| `{re.escape(name)}` \| (.*)', results).group(1)  # noqa: E731
     lead = float(re.search(r'\((-[\d.]+)%\)', row('standard-2.4x')).group(1))
     assert f"`standard-2.4x` is {-lead:.0f}% better" in discussion
