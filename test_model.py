@@ -2049,6 +2049,45 @@ def test_ddp_compiles_inside_ddp_split_at_its_buckets_and_trains_as_eager(ddp_ru
     assert ranks[0]['weights'] == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
+# torch 2.5-2.8's torch.backends.cuda.matmul (a cuBLASModule): its flags, and an AttributeError for any other name
+# (fp32_precision came in 2.9); at the end, the precision as the current torch reads it, both ways, and its warnings
+TORCH_2_8_MATMUL = """
+import atexit, json, torch, warnings
+real = torch.backends.cuda.matmul
+class cuBLASModule:
+    FLAGS = ('allow_tf32', 'allow_fp16_reduced_precision_reduction', 'allow_bf16_reduced_precision_reduction')
+    def __getattr__(self, name):
+        if name in self.FLAGS:
+            return getattr(real, name)
+        raise AttributeError('Unknown attribute ' + name)
+    def __setattr__(self, name, value):
+        if name in self.FLAGS:
+            return setattr(real, name, value)
+        raise AttributeError('Unknown attribute ' + name)
+torch.backends.cuda.matmul = cuBLASModule()
+def reads():
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter('always')
+        got = [torch.get_float32_matmul_precision(), real.allow_tf32]
+    json.dump(got + [[str(w.message) for w in said]], open(READS, 'w'))
+atexit.register(reads)
+"""
+
+
+def test_train_and_bench_start_on_torch_2_8s_matmul_flags_and_set_tf32_both_ways(corpus, tmp_path):
+    # one TF32 call for every torch: torch.set_float32_matmul_precision('high') sets the legacy allow_tf32 and the
+    # new fp32_precision alike; `matmul.fp32_precision = 'tf32'` crashed 2.5-2.8 at start
+    patch = lambda name: TORCH_2_8_MATMUL.replace('READS', repr(str(tmp_path / name)))
+    old = run('-c', patch('old.json') + "torch.backends.cuda.matmul.fp32_precision = 'tf32'")
+    assert old.returncode == 1 and 'AttributeError: Unknown attribute fp32_precision' in old.stderr  # the stand-in
+    r = train(corpus, tmp_path / 'out', '--max_iters=1', '--eval_interval=1', patch=patch('train.json'))
+    b = run('bench.py', '--device=cpu', '--preset=tiny', '--attn=standard', '--mode=forward', '--batch_size=2',
+            '--block_size=16', '--vocab_size=64', '--iters=1', '--warmup=0', patch=patch('bench.json'))
+    for p, name in ((r, 'train'), (b, 'bench')):
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert json.load(open(tmp_path / f'{name}.json')) == ['high', True, []], name  # a fresh torch: 'highest', False
+
+
 def test_compile_works_on_cpu(corpus, tmp_path):
     r = train(corpus, tmp_path, '--compile=True', '--max_iters=3', '--eval_interval=3', '--n_layer=1',
               '--attn=coupled', '--dtype=bfloat16', timeout=600)  # as the GPU recipe: bf16 autocast, compiled

@@ -261,7 +261,9 @@ print0 = print if master else (lambda *a, **k: None)
 dtype = autocast_dtype(device) if dtype == 'auto' else dtype
 autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
 torch.manual_seed(seed + rank)  # each rank its own dropout
-torch.backends.cuda.matmul.fp32_precision = 'tf32'  # float32 matmuls on TF32 tensor cores (Ampere on)
+# float32 matmuls on TF32 tensor cores (Ampere on); sets the legacy and the new flag alike on every torch
+# (the new fp32_precision alone: unknown before 2.9, at odds with Inductor's reads of allow_tf32 after)
+torch.set_float32_matmul_precision('high')
 try:
     peak = peak_flops(device)  # for MFU: model.GPU_PEAK_FLOPS, or $GPU_PEAK_TFLOPS
 except ValueError as e:
