@@ -2622,6 +2622,32 @@ def test_two_trainers_never_share_an_out_dir_and_a_corpus_in_use_is_not_prepared
     assert len(seeds) == 1 and torch.load(tmp_path / 'new' / 'ckpt.pt', weights_only=True)['config']['seed'] == seeds[0]
 
 
+# NFS: flock on the folder (opened read-only) fails with EBADF; a file opened for writing can be locked, or nothing can
+NFS_LOCKS = """
+import atexit, errno, fcntl, json, os, stat
+flock, locked = fcntl.flock, []
+def nfs(fd, op):  # the out_dir's locks (the corpus's are another folder's)
+    path = os.readlink(f'/proc/self/fd/{fd}')
+    if path.startswith(OUT) and (NOTHING or stat.S_ISDIR(os.fstat(fd).st_mode)):
+        raise OSError(errno.ENOLCK if NOTHING else errno.EBADF, os.strerror(errno.ENOLCK if NOTHING else errno.EBADF))
+    locked.extend([os.path.basename(path)] if path.startswith(OUT) else [])
+    return flock(fd, op)
+fcntl.flock = nfs
+atexit.register(lambda: json.dump(locked, open(LOCKED, 'w')))
+"""
+
+
+def test_an_out_dir_whose_folder_cannot_be_locked_locks_train_lock_or_is_refused_in_one_line(corpus, tmp_path):
+    patch = lambda nothing: NFS_LOCKS.replace('NOTHING', str(nothing)).replace('LOCKED', repr(str(tmp_path / 'l'))).replace(
+        'OUT', repr(str(tmp_path)))
+    r = train(corpus, tmp_path / 'nfs', '--max_iters=1', patch=patch(False))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.load(open(tmp_path / 'l')) == ['train.lock']  # the folder refused, its lock file held
+    r = train(corpus, tmp_path / 'none', '--max_iters=1', patch=patch(True))
+    assert one_line_error(r, f"cannot lock --out_dir={tmp_path / 'none'}") and 'cannot write' not in r.stderr, r.stderr
+    assert 'no file locks' in r.stderr and not (tmp_path / 'none' / 'ckpt.pt').exists()
+
+
 def test_a_full_disk_while_saving_or_logging_is_one_line_and_the_last_checkpoint_survives(corpus, tmp_path):
     out = tmp_path / 'out'
     assert train(corpus, out, '--max_iters=4', '--eval_interval=2').returncode == 0

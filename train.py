@@ -185,7 +185,19 @@ if trains and master:
         with suppress(ImportError):
             import fcntl
             lock = os.open(out_dir, os.O_RDONLY)  # the folder: a lock on a file inside goes with the file's deletion
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise
+            except OSError:  # NFS: flock is emulated by fcntl locks, which need a file open for writing
+                lock = os.open(os.path.join(out_dir, 'train.lock'), os.O_WRONLY | os.O_CREAT)
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise
+                except OSError as e:
+                    die(f"cannot lock --out_dir={out_dir} ({e.strerror or e}): its filesystem offers no file locks "
+                        "(NFS without its lock service?); train in a local folder")
         with open(os.path.join(out_dir, 'train.lock'), 'w') as f:
             print(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}", file=f)
         if settings['init_from'] == 'scratch' and os.path.exists(ckpt_path):
