@@ -2638,8 +2638,8 @@ atexit.register(lambda: json.dump(locked, open(LOCKED, 'w')))
 
 
 def test_an_out_dir_whose_folder_cannot_be_locked_locks_train_lock_or_is_refused_in_one_line(corpus, tmp_path):
-    patch = lambda nothing: NFS_LOCKS.replace('NOTHING', str(nothing)).replace('LOCKED', repr(str(tmp_path / 'l'))).replace(
-        'OUT', repr(str(tmp_path)))
+    code = NFS_LOCKS.replace('OUT', repr(str(tmp_path))).replace('LOCKED', repr(str(tmp_path / 'l')))
+    patch = lambda nothing: code.replace('NOTHING', str(nothing))
     r = train(corpus, tmp_path / 'nfs', '--max_iters=1', patch=patch(False))
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.load(open(tmp_path / 'l')) == ['train.lock']  # the folder refused, its lock file held
