@@ -871,7 +871,9 @@ def main():
         peak_flops(device)  # for MFU: $GPU_PEAK_TFLOPS, checked before any work
     except ValueError as e:
         p.error(str(e))
-    torch.backends.cuda.matmul.fp32_precision = 'tf32'  # float32 matmuls on TF32 tensor cores (Ampere on)
+    # float32 matmuls on TF32 tensor cores (Ampere on); sets the legacy and the new flag alike on every torch
+    # (the new fp32_precision alone: unknown before 2.9, at odds with Inductor's reads of allow_tf32 after)
+    torch.set_float32_matmul_precision('high')
     if not device.startswith('cuda'):
         keep_freed_memory()
     if args.gpu_check:

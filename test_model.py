@@ -2027,27 +2027,30 @@ sys.argv[0] = 'train.py'
 runpy.run_path('train.py', run_name='__main__')
 """
 
-# rank 1: its compile fails (a backend that raises) and its validation estimates never improve (estimate_loss's
-# batches only), while rank 0's do: with --always_save_checkpoint=False a rank-local decision would hang the save
+# rank 1: its compile fails (a backend that raises) and its validation estimates never improve (after estimate_loss's
+# all-reduce, which both ranks share), while rank 0's do: with --always_save_checkpoint=False a rank-local decision
+# would hang the save. notes: [estimate_loss's all-reduces, the sequences it ran through the model]
 RANK1_DIFFERS = """
-import functools, os, sys, torch, model
+import functools, os, sys, torch, torch.distributed as dist, model
 def failing(gm, inputs):
     raise RuntimeError('a backend that fails on rank 1 (a test)')
 rank1 = os.environ['RANK'] == '1'
 torch.compile = functools.partial(torch.compile, backend=failing if rank1 else 'eager')
-forward, worse = model.GPT.forward, [0.0]
-notes = worse  # the probe writes it down
-def val_differs(self, idx, targets=None, cache=None):
-    logits, loss = forward(self, idx, targets, cache)
-    if rank1 and not self.training:  # (a constant when Dynamo traces a training step)
-        f = sys._getframe(1)
-        while f and f.f_code.co_name != 'estimate_loss':
-            f = f.f_back
-        if f:
-            worse[0] += 1.0
-            loss = loss + worse[0]
-    return logits, loss
-model.GPT.forward = val_differs
+all_reduce, forward, notes = dist.all_reduce, model.GPT.forward, [0, 0]  # the probe writes notes down
+def val_differs(tensor, *a, **k):
+    work = all_reduce(tensor, *a, **k)
+    if sys._getframe(1).f_code.co_name == 'estimate_loss':
+        notes[0] += 1
+        if rank1:
+            tensor += notes[0]  # each estimate worse than the last
+    return work
+def counting(self, idx, targets=None, cache=None):
+    f = sys._getframe(1)
+    while f and f.f_code.co_name != 'estimate_loss':  # (called through nn.Module's __call__)
+        f = f.f_back
+    notes[1] += idx.size(0) if f else 0
+    return forward(self, idx, targets, cache)
+dist.all_reduce, model.GPT.forward = val_differs, counting
 """
 
 # Dynamo and AOT autograd without inductor's C++ compile; DDP's buckets small enough (1 MB) to split this model
@@ -2092,7 +2095,8 @@ def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(ddp_runs):
     assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['iter_num'] == 6  # rank 0's val loss improved
     ranks = [json.load(open(tmp_path / f'rank{i}.json')) for i in range(2)]
     assert ranks[0]['weights'] == ranks[1]['weights'] and ranks[0]['batch'] != ranks[1]['batch']
-    assert ranks[0]['notes'] == [0.0] and ranks[1]['notes'] == [3 * 2 * 2]  # rank 1's estimates: each one worse
+    # 3 evals, 2 splits: one all-reduce each, and each rank 4 of the 2 x 4 sequences (--eval_iters=2, batch 4)
+    assert ranks[0]['notes'] == ranks[1]['notes'] == [3 * 2, 3 * 2 * 4]
     ranked = run('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu',
                  f'--out_dir={tmp_path}', '--eval_only=True')  # evaluation alone, under torchrun
     assert ranked.returncode == 0, ranked.stderr[-2000:]
@@ -2122,6 +2126,59 @@ def test_ddp_compiles_inside_ddp_split_at_its_buckets_and_trains_as_eager(ddp_ru
     assert ranks[0]['weights'] == ranks[1]['weights']
     want = json.load(open(d / 'eager' / 'rank0.json'))['weights']
     assert ranks[0]['weights'] == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+# torch 2.5-2.8's torch.backends.cuda.matmul (a cuBLASModule): its flags, and an AttributeError for any other name
+# (fp32_precision came in 2.9); at the end, the precision as the current torch reads it, both ways, and its warnings
+TORCH_2_8_MATMUL = """
+import atexit, json, torch, warnings
+real = torch.backends.cuda.matmul
+class cuBLASModule:
+    FLAGS = ('allow_tf32', 'allow_fp16_reduced_precision_reduction', 'allow_bf16_reduced_precision_reduction')
+    def __getattr__(self, name):
+        if name in self.FLAGS:
+            return getattr(real, name)
+        raise AttributeError('Unknown attribute ' + name)
+    def __setattr__(self, name, value):
+        if name in self.FLAGS:
+            return setattr(real, name, value)
+        raise AttributeError('Unknown attribute ' + name)
+torch.backends.cuda.matmul = cuBLASModule()
+def reads():
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter('always')
+        got = [torch.get_float32_matmul_precision(), real.allow_tf32]
+    json.dump(got + [[str(w.message) for w in said]], open(READS, 'w'))
+atexit.register(reads)
+"""
+
+
+def test_train_and_bench_start_on_torch_2_8s_matmul_flags_and_set_tf32_both_ways(corpus, tmp_path):
+    # one TF32 call for every torch: torch.set_float32_matmul_precision('high') sets the legacy allow_tf32 and the
+    # new fp32_precision alike; `matmul.fp32_precision = 'tf32'` crashed 2.5-2.8 at start
+    patch = lambda name: TORCH_2_8_MATMUL.replace('READS', repr(str(tmp_path / name)))
+    old = run('-c', patch('old.json') + "torch.backends.cuda.matmul.fp32_precision = 'tf32'")
+    assert old.returncode == 1 and 'AttributeError: Unknown attribute fp32_precision' in old.stderr  # the stand-in
+    r = train(corpus, tmp_path / 'out', '--max_iters=1', '--eval_interval=1', patch=patch('train.json'))
+    b = run('bench.py', '--device=cpu', '--preset=tiny', '--attn=standard', '--mode=forward', '--batch_size=2',
+            '--block_size=16', '--vocab_size=64', '--iters=1', '--warmup=0', patch=patch('bench.json'))
+    for p, name in ((r, 'train'), (b, 'bench')):
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert json.load(open(tmp_path / f'{name}.json')) == ['high', True, []], name  # a fresh torch: 'highest', False
+
+
+def test_ddp_estimates_are_the_one_process_estimates_of_the_same_set(ddp_runs, tmp_path):
+    # the evaluation set is eval_iters x batch_size sequences whatever the world size: the 2-rank run's last estimates
+    # (each rank half of the set, see the notes above) and one process's, resumed from its checkpoint at that step
+    d, (eager, r) = ddp_runs
+    assert r.returncode == 0, r.stderr[-2000:]
+    shutil.copytree(d / 'compiled', tmp_path / 'one')
+    one = run('train.py', f'--out_dir={tmp_path / "one"}', '--init_from=resume', '--max_iters=6', '--compile=False')
+    assert one.returncode == 0 and '1 process(es)' in one.stdout, one.stderr[-2000:]
+    two, single = ([m for m in metrics(p) if m['event'] == 'eval'][-1] for p in (d / 'compiled', tmp_path / 'one'))
+    assert two['iter'] == single['iter'] == 6 and two is not single
+    for k in ('train_loss', 'val_loss'):
+        assert two[k] == pytest.approx(single[k], rel=1e-6, abs=0), k  # float rounding: shares summed
 
 
 def test_compile_works_on_cpu(corpus, tmp_path):
@@ -2158,6 +2215,77 @@ for name in ('item', 'tolist', 'cpu', 'numpy', '__bool__', '__float__', '__int__
 import atexit
 atexit.register(lambda: json.dump(calls, open(SYNCS, 'w')))
 """
+
+
+def train_functions(*names, **run):
+    """train.py's own functions `names`, defined over the globals `run` (what train.py's set-up would have made)."""
+    tree = ast.parse(open(os.path.join(HERE, 'train.py')).read())
+    defs = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names]
+    assert [d.name for d in defs] == list(names)
+    exec(compile(ast.Module(defs, type_ignores=[]), 'train.py', 'exec'), run)
+    return run
+
+
+def test_estimate_loss_is_one_process_s_batch_means_exactly_and_its_ranks_shares_sum_to_them(corpus):
+    # one process: the mean of eval_iters batch means, as before the estimates were sharded (below, bit for bit);
+    # W ranks: the same eval_iters x batch_size sequences split by sequence (16 ranks > 15 sequences: some get none),
+    # one all-reduce of the (eval_iters,) batch means per split, the same estimate to float rounding
+    splits = {s: os.path.join(corpus, 'pydocs', f'{s}.bin') for s in ('train', 'val')}
+    net = GPT(tiny('coupled', vocab_size=257, block_size=16)).eval()
+    E, B, T = 5, 3, 16
+
+    def old(split):  # estimate_loss and get_batch as they were, one whole batch at a time
+        gen, losses = torch.Generator().manual_seed(10_000), torch.zeros(E)
+        for k in range(E):
+            data = np.memmap(splits[split], dtype=np.uint16, mode='r')
+            ix = torch.randint(len(data) - T - 1, (B,), generator=gen)
+            x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in ix])
+            y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in ix])
+            losses[k] = net(x, y)[1].item()
+        return losses.mean().item()
+
+    class Dist:  # each rank's tensor as it goes into the all-reduce; the sum is taken below
+        def all_reduce(self, t):
+            shares.append(t.clone())
+
+    def estimate(rank, world_size):
+        run = train_functions('to_device', 'get_batch', 'estimate_loss', torch=torch, np=np, dist=Dist(),
+                              nullcontext=contextlib.nullcontext, splits=splits, block_size=T, batch_size=B,
+                              eval_iters=E, device='cpu', device_type='cpu', raw_model=net,
+                              autocast=contextlib.nullcontext(), ddp=world_size > 1, rank=rank,
+                              world_size=world_size)
+        return run['estimate_loss']()
+
+    shares = []
+    one = estimate(0, 1)
+    assert one == {'train': old('train'), 'val': old('val')} and not shares  # exact; no all-reduce
+    for W in (2, 4, 16):
+        shares = []
+        for rank in range(W):
+            estimate(rank, W)
+        assert len(shares) == 2 * W  # one all-reduce per split and rank
+        for i, split in enumerate(('train', 'val')):
+            mine = torch.stack(shares[i::2])  # (W, E): each rank's shares of the batch means
+            assert mine.sum(0).mean().item() == pytest.approx(one[split], rel=1e-6, abs=0), (W, split)
+        if W == 16:  # 15 sequences: rank 0's share is empty (it draws the batches, builds none, reduces zeros)
+            assert not shares[0].any() and shares[-1].count_nonzero().item() == 1
+
+
+def test_the_eval_loops_make_no_host_sync_or_blocking_copy_per_batch():
+    # estimate_loss and full_eval: inside their loops over batches, no .item()/.tolist()/.cpu(), no tensor built
+    # from a host number, no all-reduce, no .to() but the non-blocking to_device (pinned on CUDA)
+    tree = ast.parse(open(os.path.join(HERE, 'train.py')).read())
+    for name in ('estimate_loss', 'full_eval'):
+        fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+        inner = [n for n in ast.walk(fn) if isinstance(n, ast.For)  # the loops over batches: the innermost
+                 and not any(isinstance(m, ast.For) for s in n.body for m in ast.walk(s))]
+        assert inner, name
+        called = {c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, 'id', '')
+                  for loop in inner for c in ast.walk(loop) if isinstance(c, ast.Call)}
+        assert not called & {'item', 'tolist', 'cpu', 'numpy', 'tensor', 'to', 'all_reduce'}, (name, called)
+        assert 'to_device' in called or 'get_batch' in called, (name, called)
+    to_device = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == 'to_device')
+    assert "pin_memory().to(device, non_blocking=True)" in ast.unparse(to_device)
 
 
 def test_the_loop_syncs_with_the_device_only_at_log_steps_and_evals(corpus, tmp_path):
@@ -2579,6 +2707,32 @@ def test_two_trainers_never_share_an_out_dir_and_a_corpus_in_use_is_not_prepared
     assert err.startswith('error:') and ('is in use by a running train.py' in err or 'holds a run' in err), err
     seeds = [m['config']['seed'] for m in metrics(tmp_path / 'new') if m['event'] == 'start']
     assert len(seeds) == 1 and torch.load(tmp_path / 'new' / 'ckpt.pt', weights_only=True)['config']['seed'] == seeds[0]
+
+
+# NFS: flock on the folder (opened read-only) fails with EBADF; a file opened for writing can be locked, or nothing can
+NFS_LOCKS = """
+import atexit, errno, fcntl, json, os, stat
+flock, locked = fcntl.flock, []
+def nfs(fd, op):  # the out_dir's locks (the corpus's are another folder's)
+    path = os.readlink(f'/proc/self/fd/{fd}')
+    if path.startswith(OUT) and (NOTHING or stat.S_ISDIR(os.fstat(fd).st_mode)):
+        raise OSError(errno.ENOLCK if NOTHING else errno.EBADF, os.strerror(errno.ENOLCK if NOTHING else errno.EBADF))
+    locked.extend([os.path.basename(path)] if path.startswith(OUT) else [])
+    return flock(fd, op)
+fcntl.flock = nfs
+atexit.register(lambda: json.dump(locked, open(LOCKED, 'w')))
+"""
+
+
+def test_an_out_dir_whose_folder_cannot_be_locked_locks_train_lock_or_is_refused_in_one_line(corpus, tmp_path):
+    code = NFS_LOCKS.replace('OUT', repr(str(tmp_path))).replace('LOCKED', repr(str(tmp_path / 'l')))
+    patch = lambda nothing: code.replace('NOTHING', str(nothing))
+    r = train(corpus, tmp_path / 'nfs', '--max_iters=1', patch=patch(False))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.load(open(tmp_path / 'l')) == ['train.lock']  # the folder refused, its lock file held
+    r = train(corpus, tmp_path / 'none', '--max_iters=1', patch=patch(True))
+    assert one_line_error(r, f"cannot lock --out_dir={tmp_path / 'none'}") and 'cannot write' not in r.stderr, r.stderr
+    assert 'no file locks' in r.stderr and not (tmp_path / 'none' / 'ckpt.pt').exists()
 
 
 def test_a_full_disk_while_saving_or_logging_is_one_line_and_the_last_checkpoint_survives(corpus, tmp_path):

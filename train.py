@@ -186,7 +186,19 @@ if trains and master:
         with suppress(ImportError):
             import fcntl
             lock = os.open(out_dir, os.O_RDONLY)  # the folder: a lock on a file inside goes with the file's deletion
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise
+            except OSError:  # NFS: flock is emulated by fcntl locks, which need a file open for writing
+                lock = os.open(os.path.join(out_dir, 'train.lock'), os.O_WRONLY | os.O_CREAT)
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise
+                except OSError as e:
+                    die(f"cannot lock --out_dir={out_dir} ({e.strerror or e}): its filesystem offers no file locks "
+                        "(NFS without its lock service?); train in a local folder")
         with open(os.path.join(out_dir, 'train.lock'), 'w') as f:
             print(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}", file=f)
         if settings['init_from'] == 'scratch' and os.path.exists(ckpt_path):
@@ -262,7 +274,9 @@ print0 = print if master else (lambda *a, **k: None)
 dtype = autocast_dtype(device) if dtype == 'auto' else dtype
 autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
 torch.manual_seed(seed + rank)  # each rank its own dropout
-torch.backends.cuda.matmul.fp32_precision = 'tf32'  # float32 matmuls on TF32 tensor cores (Ampere on)
+# float32 matmuls on TF32 tensor cores (Ampere on); sets the legacy and the new flag alike on every torch
+# (the new fp32_precision alone: unknown before 2.9, at odds with Inductor's reads of allow_tf32 after)
+torch.set_float32_matmul_precision('high')
 try:
     peak = peak_flops(device)  # for MFU: model.GPU_PEAK_FLOPS, or $GPU_PEAK_TFLOPS
 except ValueError as e:
@@ -284,15 +298,18 @@ if checkpoint is not None and not sample and checkpoint.get('fingerprint') not i
 train_gen = torch.Generator().manual_seed(seed + rank)  # each rank its own batches
 
 
-def get_batch(split, gen, n=None):  # n sequences, batch_size by default
-    # a new memmap every batch: a long-lived one leaks memory
+def to_device(t):  # CUDA: from pinned memory, so the copy does not block the host
+    return t.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else t.to(device)
+
+
+def get_batch(split, gen, part=slice(None), n=None):  # n starts drawn (batch_size by default)
+    # a new memmap every batch: a long-lived one leaks memory. part: the sequences built (none: (0, T)); the batch's
+    # starts are drawn whole, so gen moves on as for the whole batch
     data = np.memmap(splits[split], dtype=np.uint16, mode='r')
-    ix = torch.randint(len(data) - block_size - 1, (n or batch_size,), generator=gen)
-    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])
-    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])
-    if device_type == 'cuda':
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+    ix = torch.randint(len(data) - block_size - 1, (n or batch_size,), generator=gen)[part]
+    at = ix.numpy()[:, None] + np.arange(block_size)  # (B, T) positions
+    x, y = (torch.from_numpy(data[at + shift].astype(np.int64)) for shift in (0, 1))
+    return to_device(x), to_device(y)
 
 
 # ---- model, optimizer, resume
@@ -370,15 +387,23 @@ def perplexity(loss):  # inf for a diverged run, not an OverflowError
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss over eval_iters batches, the same at every eval, in every run, on every rank."""
-    out = {}
+    """Mean loss over the evaluation set: eval_iters batches from one seed, the same at every eval and in every run.
+    Its eval_iters x batch_size sequences are split across the ranks (rank r: the r-th of world_size slices, which
+    may be empty); one all-reduce per split. One process computes it as eval_iters whole batches."""
+    out, n = {}, eval_iters * batch_size
+    lo, hi = rank * n // world_size, (rank + 1) * n // world_size  # this rank's sequences of the set
     raw_model.eval()
     for split in ('train', 'val'):
-        gen, losses = torch.Generator().manual_seed(10_000), torch.zeros(eval_iters)
-        for k in range(eval_iters):
-            with autocast:
-                losses[k] = raw_model(*get_batch(split, gen))[1].item()
-        out[split] = losses.mean().item()
+        gen, losses = torch.Generator().manual_seed(10_000), torch.zeros(eval_iters, device=device)
+        for k in range(eval_iters):  # batch k: the set's sequences k B .. k B + B - 1; this rank's a..b of them
+            a, b = (min(max(i - k * batch_size, 0), batch_size) for i in (lo, hi))
+            x, y = get_batch(split, gen, slice(a, b))
+            if b > a:
+                with autocast:
+                    losses[k] = raw_model(x, y)[1].float() * ((b - a) / batch_size)  # its share of batch k's mean
+        if ddp:
+            dist.all_reduce(losses)  # (eval_iters,): each batch's mean loss, its ranks' shares summed
+        out[split] = losses.cpu().mean().item()  # the mean on the host, as one process always took it
     raw_model.train()
     return out
 
@@ -389,11 +414,12 @@ def full_eval():
     out = {}
     model.eval()
     for split in [s for s in ('val', 'test') if s in splits]:
-        nats = torch.zeros(2, dtype=torch.float64, device=device)  # [loss summed over tokens, tokens]
+        nats, n = torch.zeros((), dtype=torch.float64, device=device), 0  # the loss summed over n tokens
         for x, y in prepare_data.windows(splits[split], block_size, rank, world_size, 8192 // block_size + 1):
             with autocast:
-                loss = raw_model(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))[1]
-            nats += torch.stack((loss.double() * y.size, torch.tensor(y.size, device=device)))
+                loss = raw_model(to_device(torch.from_numpy(x)), to_device(torch.from_numpy(y)))[1]
+            nats, n = nats + loss.double() * y.size, n + y.size  # n on the host: no copy per batch
+        nats = torch.stack((nats, torch.tensor(float(n), dtype=torch.float64, device=device)))
         if ddp:
             dist.all_reduce(nats)
         loss, n_bytes = (nats[0] / nats[1]).item(), meta['bytes'].get(split)
@@ -543,7 +569,7 @@ while True:
         # the diagnostics' batch: 8,192 val tokens whatever the batch or world size (the nonlinear fit's floor);
         # the attention statistics read its first few sequences
         diag = master and diag_interval and (iter_num // eval_interval % diag_interval == 0 or last)
-        x = get_batch('val', torch.Generator().manual_seed(10_000), -(-8192 // block_size))[0] if diag else None
+        x = get_batch('val', torch.Generator().manual_seed(10_000), n=-(-8192 // block_size))[0] if diag else None
         qk, att = (qk_diagnostics(raw_model, x), attention_diagnostics(raw_model, x)) if diag else ([], [])
         nonlinear = median_layer(qk, 'nonlinear') if qk else None
         print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val ppl "
