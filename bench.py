@@ -472,7 +472,7 @@ def plot_curves(rows, path):
 
 RECIPE = ("{launch} --preset=60m --dataset=wikitext103 --block_size=512 --batch_size={batch} "
           "--gradient_accumulation_steps={accum} --learning_rate=6e-4 --min_lr=6e-5 --warmup_iters=1000 "
-          "--max_iters=20000 --eval_interval=1000 --dtype=bfloat16 --compile=True")
+          "--max_iters=20000 --eval_interval=1000{evals} --dtype=bfloat16 --compile=True")
 SEQUENCES_PER_STEP = 128
 RECIPE_RUNS = [('standard', '--attn=standard'), ('coupled', '--attn=coupled'), ('euler', '--attn=euler'),
                ('uncoupled', '--attn=uncoupled'), ('coupled-steps7', '--attn=coupled --qk_steps=7'),
@@ -492,7 +492,8 @@ def recipe(world_size):
     launch = ('python train.py' if world_size == 1 else f'torchrun --standalone --nproc_per_node={world_size} train.py'
               if world_size <= 8 else f'torchrun --nnodes={world_size // 8} --nproc_per_node=8 --node_rank=$NODE_RANK '
               '--rdzv_backend=c10d --rdzv_endpoint=$FIRST_NODE:29500 train.py')
-    return RECIPE.format(launch=launch, batch=batch, accum=per_rank // batch)
+    evals = '' if batch == EVAL_BATCH else f' --eval_iters={EVAL_ITERS * EVAL_BATCH // batch}'  # the same 1,280 sequences
+    return RECIPE.format(launch=launch, batch=batch, accum=per_rank // batch, evals=evals)
 
 
 def plan_minutes(cfg, T, tokens, evals, world_size, peak):
