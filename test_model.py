@@ -1432,8 +1432,8 @@ def test_splits_hold_val_fraction_of_the_text_within_the_tolerance(docs, val_fra
 
 
 def test_a_split_too_small_to_train_or_evaluate_on_is_refused(tmp_path):
-    (tmp_path / 'tiny.txt').write_text('x' * 300)  # val: 30 bytes
-    with pytest.raises(prepare_data.DataError, match='val split would hold only 31 tokens.*larger --val_fraction'):
+    (tmp_path / 'tiny.txt').write_text('x' * 300)  # val: 29 bytes and its end of text, a tenth of 301 tokens
+    with pytest.raises(prepare_data.DataError, match='val split would hold only 30 tokens.*larger --val_fraction'):
         prepare_data.prepare(None, input=str(tmp_path / 'tiny.txt'), data_dir=str(tmp_path))
     assert not (tmp_path / 'tiny').exists()
 
