@@ -520,9 +520,9 @@ def load(data_dir, name, block_size):
             raise DataError(f"{fn} holds token ids >= vocab_size {vocab}; it does not match meta.json: {again}")
         text, most = n - np.count_nonzero(data == TOKENIZERS[meta['tokenizer']][1]), TOKENIZERS[meta['tokenizer']][2]
         if split in n_bytes and not text <= n_bytes[split] <= most * text:  # each token of text: 1 to `most` bytes
-            raise DataError(f"{meta_path} lists {n_bytes[split]:,} bytes of text for {split}, but its {text:,} tokens "
-                            f"of text ({meta['tokenizer']}) hold {text:,}" + (f" to {most * text:,}" if most > 1 else '')
-                            + f"; bits per byte would be wrong: {again}")
+            raise DataError(f"{meta_path} lists {n_bytes[split]:,} bytes of text for {split}, but its {text:,} "
+                            f"tokens of text ({meta['tokenizer']}) hold {text:,}"
+                            + (f" to {most * text:,}" if most > 1 else '') + f"; bits per byte would be wrong: {again}")
         splits[split] = fn
     meta['fingerprint'], listed = fingerprint(splits), meta.get('fingerprint')  # (older preparations: none listed)
     if listed not in (None, meta['fingerprint']):

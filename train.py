@@ -166,9 +166,9 @@ def check(settings):  # flags' values; the types of a checkpoint's settings
                 + ('' if k in given else " (the checkpoint's value: give the flag)"))
     for k, what in PER_RANK.items():  # sequences a rank reads: all of them, or its share where the ranks split them
         if settings[k] * settings['batch_size'] > MAX_SEQUENCES:
-            die(f"--{k}={settings[k]:,} x --batch_size={settings['batch_size']} is {settings[k] * settings['batch_size']:,}"
-                f" sequences per rank for {what}, a run that would not finish; at most {MAX_SEQUENCES:,}: lower --{k}"
-                + ('' if k in given else " (the checkpoint's value)"))
+            die(f"--{k}={settings[k]:,} x --batch_size={settings['batch_size']} is "
+                f"{settings[k] * settings['batch_size']:,} sequences per rank for {what}, a run that would not finish;"
+                f" at most {MAX_SEQUENCES:,}: lower --{k}" + ('' if k in given else " (the checkpoint's value)"))
 
 
 # ---- flags, the out_dir's lock, a checkpoint's settings
@@ -249,7 +249,9 @@ if settings['init_from'] == 'resume' or not trains:
     counts, rngs = {k: checkpoint.get(k) for k in ('iter_num', 'tokens', 'world_size')}, checkpoint.get('rng')
     bad = [f"{k}={v!r}" for k, v in counts.items() if type(v) is not int or v < (k == 'world_size')]
     ran_to = dict(checkpoint['config']).get('max_iters')  # what it was set to; a resume to train longer says more
-    if not bad and type(ran_to) is int and counts['iter_num'] > ran_to:
+    if type(ran_to) is not int:  # (True is not a count)
+        bad.append(f"max_iters={ran_to!r}")
+    elif not bad and counts['iter_num'] > ran_to:
         bad.append(f"iter_num={counts['iter_num']} is past its max_iters={ran_to}")
     if not isinstance(checkpoint.get('fingerprint'), (str, type(None))):
         bad.append(f"fingerprint={checkpoint['fingerprint']!r}")
@@ -301,7 +303,8 @@ except prepare_data.DataError as e:
 if checkpoint is not None and ckpt_args['vocab_size'] != meta['vocab_size']:
     die(f"the checkpoint's vocabulary has {ckpt_args['vocab_size']} tokens, {data_dir}/{dataset}'s "
         f"{meta['vocab_size']}; name its dataset with --dataset")
-trained_on = os.path.join(*(dict(checkpoint['config']).get(k, v) for k, v in (('data_dir', data_dir), ('dataset', dataset)))) if checkpoint else None
+trained_on = checkpoint and os.path.join(*(dict(checkpoint['config']).get(k, v) for k, v in (('data_dir', data_dir),
+                                                                                              ('dataset', dataset))))
 if checkpoint is not None and not sample and checkpoint.get('fingerprint') not in (None, meta['fingerprint']):
     if trained_on != os.path.join(data_dir, dataset):  # --dataset or --data_dir named another corpus
         die(f"{ckpt_path} was trained on {trained_on} (corpus fingerprint {checkpoint['fingerprint'][:12]}), not on "
@@ -454,8 +457,13 @@ if sample:
         die(f"cannot sample: {e}")
     shutdown(0)
 if eval_only:
-    print0(f"{ckpt_path} holds the model of iteration {saved_iter} of {max_iters}" + (
-        ", the best estimate's (--always_save_checkpoint=False)" if not always_save_checkpoint else ''))
+    ended, best = max_iters, not always_save_checkpoint  # where the run ended: its log's final record, if it has one
+    with suppress(OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        end = [r for r in map(json.loads, open(os.path.join(out_dir, 'metrics.jsonl'))) if r['event'] == 'final'][-1]
+        if end['iter'] >= saved_iter:  # (not a record older than the checkpoint)
+            ended, best = end['iter'], end['model_iter'] == saved_iter
+    print0(f"{ckpt_path} holds the model of iteration {saved_iter} of {ended}" + (
+        ", the run's best estimate (--always_save_checkpoint=False)" if best and saved_iter != ended else ''))
     full_eval()
     shutdown(0)
 
