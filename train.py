@@ -250,8 +250,6 @@ if settings['init_from'] == 'resume' or not trains:
     bad = [f"{k}={v!r}" for k, v in counts.items() if type(v) is not int or v < (k == 'world_size')]
     bad += [f"{k}={checkpoint.get(k)!r}" for k in ('train_time', 'best_val_loss')
             if type(checkpoint.get(k)) not in (int, float) or not 0 <= checkpoint[k] < math.inf]
-    bad += [f"{k}={checkpoint.get(k)!r}" for k in ('train_time', 'best_val_loss')
-            if type(checkpoint.get(k)) not in (int, float) or not 0 <= checkpoint[k] < math.inf]
     ran_to = dict(checkpoint['config']).get('max_iters')  # what it was set to; a resume to train longer says more
     if type(ran_to) is not int:  # (True is not a count)
         bad.append(f"max_iters={ran_to!r}")
