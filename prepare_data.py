@@ -71,6 +71,9 @@ def remove(path):  # if it is there
 # -----------------------------------------------------------------------------
 # tokenizers: text -> uint16 token arrays
 
+TOKENIZERS = dict(bytes=(257, 256, 1), gpt2=(50257, 50256, 128))  # vocab_size, end of text, most bytes a token holds
+
+
 def get_tokenizer(name):
     """encode: [text] -> [uint16 array]; decode: token ids -> text (end-of-text shown as <|endoftext|>)."""
     if name == 'bytes':  # 256 byte values + end-of-text 256
@@ -289,33 +292,42 @@ def wikitext(name, zpath):
 
 
 MIN_TOKENS = 64  # fewer in a split: refused, too small to train or evaluate on
-TOLERANCE = 0.1  # val holds val_fraction of the text's characters to within a tenth of itself (0.1: 9% to 11%)
+TOLERANCE = 0.1  # val holds val_fraction of the tokens to within a tenth of itself (0.1: 9% to 11%)
 
 
-def split_train_val(docs, val_fraction, seed=1337):
-    """Shuffle documents (fixed seed) and hold out the last val_fraction of the text, whole documents where that
-    falls within TOLERANCE; else (few or uneven documents) the document at the border is cut in two, at a line end
-    near the cut if there is one, and its two parts end a document each."""
+def split_train_val(docs, val_fraction, seed=1337, count=lambda texts: [len(t) for t in texts]):
+    """Shuffle documents (fixed seed) and hold out the last val_fraction of the tokens the model sees (count: the
+    tokens of each text; each document adds its end of text), whole documents where that falls within TOLERANCE;
+    else (few or uneven documents) the document at the border is cut in two, at a line's start near the cut if there
+    is one, and its two parts end a document each."""
     if not 0 < val_fraction < 1:
         raise DataError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
     docs = [d for d in docs if d]  # an empty file or record: no document
     if len(docs) > 1:
         random.Random(seed).shuffle(docs)
-    total, acc, i = sum(map(len, docs)), 0, len(docs)
+    sizes = [n + 1 for n in count(docs)]
+    total, acc, i = sum(sizes), 0, len(docs)
     target = val_fraction * total
     while i > 1 and acc < target:
         i -= 1
-        acc += len(docs[i])
+        acc += sizes[i]
     if len(docs) > 1 and abs(acc - target) <= TOLERANCE * target:
         return {'train': docs[:i], 'val': docs[i:]}
-    i, rest = len(docs) - 1, target  # val: the last `target` characters; the cut falls in docs[i]
-    while i > 0 and rest > len(docs[i]):
-        rest -= len(docs[i])
+    i, rest = len(docs) - 1, target  # val: the last `target` tokens; the cut falls in docs[i]
+    while i > 0 and rest > sizes[i]:
+        rest -= sizes[i]
         i -= 1
-    text = docs[i]
-    cut = int(len(text) - rest)
-    line = text.rfind('\n', 0, cut) + 1
-    cut = line if line and cut - line <= TOLERANCE * target else cut
+    text, end, after = docs[i], len(docs[i]), 1  # after: the tokens after the cut (1: the end of text)
+    lines = text.splitlines(keepends=True)
+    for line, n in zip(reversed(lines), reversed(count(lines))):
+        if after + n >= rest:  # the cut falls in this line: at its start if that is near, else inside, pro rata
+            start = end - len(line)
+            cut = start if start and after + n - rest <= TOLERANCE * target else start + round(
+                len(line) * (after + n - rest) / n)
+            break
+        end, after = end - len(line), after + n
+    else:
+        cut = 0
     return {'train': docs[:i] + [text[:cut]], 'val': [text[cut:]] + docs[i + 1:]}
 
 
@@ -345,7 +357,8 @@ def write_dataset(out, corpus, input, name, source, tok, val_fraction, digest):
             print(f"warning: {input} is not byte for byte the file {c['url']} (sha256 differs); using it anyway, "
                   f"as it reads as {corpus}'s format")
     if 'all' in splits:
-        splits = split_train_val(splits['all'], val_fraction)
+        splits = split_train_val(splits['all'], val_fraction,
+                                 count=lambda texts: [sum(map(len, tok['encode'](list(chunks(t))))) for t in texts])
     tmps, counts, sizes = {}, {}, {}
     try:
         for split, docs in splits.items():
@@ -365,7 +378,9 @@ def write_dataset(out, corpus, input, name, source, tok, val_fraction, digest):
                     vocab_size=tok['vocab_size'], eot_token=tok['eot'], dtype='uint16', tokens=counts, bytes=sizes,
                     fingerprint=fingerprint({s: os.path.join(out, f'{s}.bin') for s in tmps}),
                     input_sha256=digest,
-                    val_fraction=val_fraction if 'test' not in counts else None,
+                    val_fraction=val_fraction if 'test' not in counts else None,  # asked for; and as measured
+                    val_fraction_measured=round(counts['val'] / sum(counts.values()), 4) if 'test' not in counts
+                    else None,
                     separator=f"end-of-text token {tok['eot']} after every document")
         with open(meta_path + '.tmp', 'w') as f:
             json.dump(meta, f, indent=1)
@@ -482,12 +497,13 @@ def load(data_dir, name, block_size):
         ok = (isinstance(tokens, dict) and {'train', 'val'} <= set(tokens) <= {'train', 'val', 'test'}
               and all(type(n) is int and n >= 0 for n in tokens.values()) and isinstance(n_bytes, dict)
               and all(type(n) is int for n in n_bytes.values()) and type(vocab) is int and 2 <= vocab <= 65536
-              and meta.get('dtype') == 'uint16' and meta.get('tokenizer') in ('bytes', 'gpt2'))
+              and meta.get('dtype') == 'uint16' and meta.get('tokenizer') in TOKENIZERS
+              and (vocab, meta.get('eot_token', TOKENIZERS[meta['tokenizer']][1])) == TOKENIZERS[meta['tokenizer']][:2])
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         ok = False
     if not ok:
-        raise DataError(f"{meta_path} is corrupt (it needs train and val token counts, uint16 tokens, a "
-                        f"vocab_size of at most 65536); {again}")
+        raise DataError(f"{meta_path} is corrupt (it needs train and val token counts, uint16 tokens, and the "
+                        f"vocab_size and end-of-text token of its tokenizer, bytes or gpt2); {again}")
     meta['bytes'] = n_bytes
     splits = {}
     for split, n in tokens.items():
@@ -499,8 +515,14 @@ def load(data_dir, name, block_size):
                             f"it is truncated or corrupt: {again}")
         if n < block_size + 2:
             raise DataError(f"{fn} has only {n} tokens, fewer than block_size+2 = {block_size + 2}; lower --block_size")
-        if np.memmap(fn, dtype=np.uint16, mode='r').max() >= vocab:
+        data = np.memmap(fn, dtype=np.uint16, mode='r')
+        if data.max() >= vocab:
             raise DataError(f"{fn} holds token ids >= vocab_size {vocab}; it does not match meta.json: {again}")
+        text, most = n - np.count_nonzero(data == TOKENIZERS[meta['tokenizer']][1]), TOKENIZERS[meta['tokenizer']][2]
+        if split in n_bytes and not text <= n_bytes[split] <= most * text:  # each token of text: 1 to `most` bytes
+            raise DataError(f"{meta_path} lists {n_bytes[split]:,} bytes of text for {split}, but its {text:,} "
+                            f"tokens of text ({meta['tokenizer']}) hold {text:,}"
+                            + (f" to {most * text:,}" if most > 1 else '') + f"; bits per byte would be wrong: {again}")
         splits[split] = fn
     meta['fingerprint'], listed = fingerprint(splits), meta.get('fingerprint')  # (older preparations: none listed)
     if listed not in (None, meta['fingerprint']):

@@ -1505,9 +1505,23 @@ def test_splits_hold_val_fraction_of_the_text_within_the_tolerance(docs, val_fra
     assert abs(len(val) / len(train + val) - val_fraction) <= prepare_data.TOLERANCE * val_fraction
 
 
+@pytest.mark.parametrize('tokenizer', ['bytes', 'gpt2'])
+def test_the_val_fraction_is_measured_in_the_tokens_the_model_sees(tmp_path, tokenizer):
+    if tokenizer == 'gpt2' and not os.environ.get('TIKTOKEN_CACHE_DIR'):
+        pytest.skip('TIKTOKEN_CACHE_DIR is not set: the gpt2 tokenizer would need the network')
+    os.makedirs(tmp_path / 'docs')  # nine ASCII documents and one CJK: a tenth of the characters is a quarter of
+    for i in range(10):  # the tokens in either tokenizer
+        (tmp_path / 'docs' / f'{i}.txt').write_text(f"document {i}: the quick brown fox.\n" * 60 if i < 9 else
+                                                     '\u6f22\u5b57\u306e\u6587\u66f8\u3002\n' * 330)
+    meta = prepare_data.prepare(None, input=str(tmp_path / 'docs'), data_dir=str(tmp_path), tokenizer=tokenizer)
+    share = meta['tokens']['val'] / (meta['tokens']['train'] + meta['tokens']['val'])
+    assert abs(share - 0.1) <= prepare_data.TOLERANCE * 0.1, share
+    assert meta['val_fraction'] == 0.1 and meta['val_fraction_measured'] == round(share, 4)
+
+
 def test_a_split_too_small_to_train_or_evaluate_on_is_refused(tmp_path):
-    (tmp_path / 'tiny.txt').write_text('x' * 300)  # val: 30 bytes
-    with pytest.raises(prepare_data.DataError, match='val split would hold only 31 tokens.*larger --val_fraction'):
+    (tmp_path / 'tiny.txt').write_text('x' * 300)  # val: 29 bytes and its end of text, a tenth of 301 tokens
+    with pytest.raises(prepare_data.DataError, match='val split would hold only 30 tokens.*larger --val_fraction'):
         prepare_data.prepare(None, input=str(tmp_path / 'tiny.txt'), data_dir=str(tmp_path))
     assert not (tmp_path / 'tiny').exists()
 
@@ -1807,6 +1821,12 @@ BAD_FLAGS = [
     (['--lr_decay_iters=-5'], '--lr_decay_iters must be >= 0'), (['--time_budget=nan'], '--time_budget must be >= 0 and finite'),
     (['--grad_clip=nan'], '--grad_clip must be >= 0 and finite'), (['--learning_rate=inf'], '> 0 and finite'),
     (['--learning_rate=0'], '--learning_rate must be > 0'), (['--warmup_iters=-1'], '>= 0'),
+    # loops a run could never finish: bounded, per rank in sequences
+    (['--eval_iters=1000000000'], '4,000,000,000 sequences per rank for an estimate'),
+    (['--gradient_accumulation_steps=1000000'], 'sequences per rank for an iteration'),
+    (['--sample_tokens=100000000'], '--sample_tokens must be >= 0 and < 1,048,576'),
+    (['--max_iters=10000000000'], '--max_iters must be >= 0 and < 1,000,000,000'), (['--max_iters=True'], 'integer'),
+    (['--out_dir=MDIR'], 'metrics.jsonl is not a file'),  # a folder where the log goes
 ]
 
 
@@ -1815,9 +1835,11 @@ def bad_flag_runs(corpus, tmp_path_factory):
     d = tmp_path_factory.mktemp('bad_flags')
     (d / 'FILE').write_text('a file where a folder should be')
     os.symlink(d / 'nowhere', d / 'LINK')  # a link to nothing
+    os.makedirs(d / 'MDIR' / 'metrics.jsonl')
     calls = [('train.py', f'--data_dir={corpus}', *SMALL, *([] if any('out_dir' in a for a in args) else
                                                             [f'--out_dir={d / "out"}']),
-              *[a.replace('FILE', str(d / 'FILE')).replace('LINK', str(d / 'LINK')) for a in args])
+              *[a.replace('FILE', str(d / 'FILE')).replace('LINK', str(d / 'LINK')).replace('MDIR', str(d / 'MDIR'))
+                for a in args])
              for args, words in BAD_FLAGS]
     *rs, help = scripts(*calls, ('train.py', '--help'))
     return dict(zip([tuple(args) for args, words in BAD_FLAGS], rs)), d, help
@@ -1867,6 +1889,9 @@ def test_bad_data_and_checkpoints_are_refused_clearly_and_a_run_is_never_overwri
                       'truncated or corrupt'),
         'val_is_a_folder': ({}, lambda d: (os.remove(d / 'val.bin'), os.mkdir(d / 'val.bin')), 'not a file'),
         'small_vocab': (dict(vocab_size=200), None, '--force'),  # bytes >= 200 in the data
+        'gpt2_on_bytes': (dict(tokenizer='gpt2'), None, 'meta.json is corrupt'),  # not the tokenizer's vocabulary
+        'bytes_val_1': (dict(bytes=dict(meta['bytes'], val=1)), None,  # bits per byte would read 28,780
+                        f"lists 1 bytes of text for val, but its {meta['bytes']['val']:,} tokens of text"),
     }
     for name, (change, damage, words) in bad.items():
         d = tmp_path / name / 'pydocs'
@@ -1902,6 +1927,13 @@ def test_bad_data_and_checkpoints_are_refused_clearly_and_a_run_is_never_overwri
         'iter_num_negative': ckpt | dict(iter_num=-5), 'best_val_loss_nan': ckpt | dict(best_val_loss=math.nan),
         'dtype_bogus': ckpt | dict(config=ckpt['config'] | dict(dtype='bogus')),
         'one_rank_of_two': ckpt | dict(world_size=2),  # a 2-rank run's checkpoint with one rank's random state
+        'fingerprint_int': ckpt | dict(fingerprint=123), 'iter_num_past': ckpt | dict(iter_num=10 ** 6),
+        'max_iters_bool': ckpt | dict(config=ckpt['config'] | dict(max_iters=True)),
+        # the same shapes: only what was saved with the weights tells (coupled and euler share every parameter)
+        'relabelled': ckpt | dict(config=ckpt['config'] | dict(attn='euler'),
+                                  model_args=ckpt['model_args'] | dict(attn='euler')),
+        'qk_steps': ckpt | dict(config=ckpt['config'] | dict(qk_steps=3),
+                                model_args=ckpt['model_args'] | dict(qk_steps=3)),
     }
     for name, c in broken.items():
         os.makedirs(tmp_path / 'ck' / name)
@@ -1913,8 +1945,21 @@ def test_bad_data_and_checkpoints_are_refused_clearly_and_a_run_is_never_overwri
     for name, r in zip(broken, rs):
         words = {'names': 'another version of model.py', 'iter_num_negative': 'is corrupt: iter_num=-5',
                  'best_val_loss_nan': 'is corrupt: best_val_loss=nan', 'dtype_bogus': "dtype='bogus' is not one of",
-                 'one_rank_of_two': 'lacks a random state per rank'}.get(name, 'ckpt.pt')
+                 'one_rank_of_two': 'lacks a random state per rank', 'fingerprint_int': 'is corrupt: fingerprint=123',
+                 'iter_num_past': 'iter_num=1000000 is past its max_iters=2', 'max_iters_bool': 'max_iters=True',
+                 'relabelled': "model_args (attn='euler', qk_steps=1) are not those its weights were saved with",
+                 'qk_steps': "qk_steps=3) are not those"}.get(name, 'ckpt.pt')
         assert one_line_error(r, words), (name, r.stderr)
+    os.makedirs(tmp_path / 'ck' / 'eval_iters')
+    torch.save(ckpt | dict(config=ckpt['config'] | dict(eval_iters=10 ** 9)), tmp_path / 'ck' / 'eval_iters' / 'ckpt.pt')
+    evaluated, huge, short = scripts(
+        trains(corpus, tmp_path / 'ck' / 'fingerprint_int', '--eval_only=True'),
+        ('train.py', f'--data_dir={corpus}', f'--out_dir={tmp_path / "ck" / "eval_iters"}', '--init_from=resume'),
+        trains(corpus, out, '--init_from=resume', '--max_iters=1'))
+    assert one_line_error(evaluated, 'is corrupt: fingerprint=123')
+    assert one_line_error(huge, "4,000,000,000 sequences per rank for an estimate, a run that would not finish; at "
+                                "most 1,048,576: lower --eval_iters (the checkpoint's value)")
+    assert one_line_error(short, '--max_iters=1 is below the checkpoint\'s iteration 2')
 
 
 def test_a_run_names_its_corpus_and_another_text_under_that_name_is_refused(tmp_path):
@@ -1932,6 +1977,10 @@ def test_a_run_names_its_corpus_and_another_text_under_that_name_is_refused(tmp_
     assert one_line_error(again, "prepared from other input (the source and the input's content differ); --force")
     for r in (evaluated, resumed):
         assert one_line_error(r, f"as it was then (corpus fingerprint {fp[:12]}), and that folder now holds other")
+    (tmp_path / 'c.txt').write_text(TEXT * 2)  # another corpus beside it: the refusal names the run's, not that one
+    prepare_data.prepare(None, input=str(tmp_path / 'c.txt'), name='sy', data_dir=str(data))
+    r = run(*trains(data, out, '--eval_only=True', '--dataset=sy'))
+    assert one_line_error(r, f"was trained on {data / 'sx'} (corpus fingerprint {fp[:12]}), not on {data / 'sy'}")
     assert [m['event'] for m in metrics(out)].count('start') == 1
     # the same file, changed: needs --force too; token files changed after preparation: the loader says so
     (tmp_path / 'b.txt').write_text(TEXT * 4)
@@ -1959,6 +2008,7 @@ def test_a_best_only_checkpoint_says_what_it_holds_and_the_final_evaluation_scor
     assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 2
     assert (final['iter'], final['model_iter'], final['model_tokens']) == (4, 2, ckpt['tokens'])
     assert f"ppl {final['val_ppl']:.3f}" in evaluated.stdout  # --eval_only scores the model the final record scored
+    assert "holds the model of iteration 2 of 4, the run's best estimate" in evaluated.stdout  # and says so
     assert one_line_error(seeded, '--seed=2 here but the run started with seed 1337')
 
 

@@ -46,6 +46,7 @@ def say(line):  # os.write: the handler may cut into a print() holding stdout's 
 
 signal.signal(signal.SIGINT, on_ctrl_c)
 
+import hashlib
 import json
 import math
 import shlex
@@ -113,7 +114,9 @@ defaults |= {k: getattr(GPTConfig, k) for k in MODEL_KEYS if k not in defaults}
 CHOICES = dict(attn=attn_names(), pos=POS, preset=('',) + tuple(PRESETS), init_from=('scratch', 'resume'),
                dtype=('auto', 'float32', 'bfloat16', 'float16'))
 POSITIVE = 'batch_size block_size gradient_accumulation_steps eval_interval eval_iters log_interval learning_rate'
-BELOW = dict(beta1=1, beta2=1, seed=2 ** 63 - 1024)  # numbers: finite, >= 0 (POSITIVE: > 0), < these
+BELOW = dict(beta1=1, beta2=1, seed=2 ** 63 - 1024, max_iters=10 ** 9, sample_tokens=2 ** 20)  # numbers: finite,
+# >= 0 (POSITIVE: > 0), < these; loops a run could never finish are refused, those per rank counted in sequences:
+PER_RANK, MAX_SEQUENCES = dict(eval_iters='an estimate', gradient_accumulation_steps='an iteration'), 2 ** 20
 LOCAL_KEYS = 'out_dir init_from eval_only device sample sample_tokens preset'.split()
 
 
@@ -134,6 +137,10 @@ def why(e):  # an exception, in a few words
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]}"
 
 
+def args_sha256(model_args):  # saved with the weights: an entry or qk_steps edited later is caught (same shapes)
+    return hashlib.sha256(json.dumps(model_args, sort_keys=True).encode()).hexdigest()
+
+
 def parse_value(key, text):
     kind = type(defaults[key])
     if kind is bool and text.lower() not in ('true', 'false', '1', '0'):
@@ -150,12 +157,19 @@ def parse_value(key, text):
 def check(settings):  # flags' values; the types of a checkpoint's settings
     for k, v in settings.items():
         kind, low = type(defaults[k]), '> 0' if k in POSITIVE.split() else '>= 0'
-        if not isinstance(v, (int, float) if kind is float else kind) or (k in CHOICES and v not in CHOICES[k]):
+        if (not isinstance(v, (int, float) if kind is float else kind) or (k in CHOICES and v not in CHOICES[k])
+                or (type(v) is bool) != (kind is bool)):  # True is an int to Python, not a count
             die(f"{ckpt_path} is corrupt: its {k}={v!r} is not " + (
                 f"one of {', '.join(map(repr, CHOICES[k]))}" if k in CHOICES else f"a {kind.__name__}")
                 + "; resume from an intact copy, or train in another --out_dir")
         if kind in (int, float) and not (0 <= v < BELOW.get(k, math.inf) and (v > 0 or low == '>= 0')):
-            die(f"--{k} must be {low}{f' and < {BELOW[k]}' if k in BELOW else ''} and finite, got {v}")
+            die(f"--{k} must be {low}{f' and < {BELOW[k]:,}' if k in BELOW else ''} and finite, got {v}"
+                + ('' if k in given else " (the checkpoint's value: give the flag)"))
+    for k, what in PER_RANK.items():  # sequences a rank reads: all of them, or its share where the ranks split them
+        if settings[k] * settings['batch_size'] > MAX_SEQUENCES:
+            die(f"--{k}={settings[k]:,} x --batch_size={settings['batch_size']} is "
+                f"{settings[k] * settings['batch_size']:,} sequences per rank for {what}, a run that would not finish;"
+                f" at most {MAX_SEQUENCES:,}: lower --{k}" + ('' if k in given else " (the checkpoint's value)"))
 
 
 # ---- flags, the out_dir's lock, a checkpoint's settings
@@ -204,6 +218,8 @@ if trains and master:
         if settings['init_from'] == 'scratch' and os.path.exists(ckpt_path):
             die(f"{out_dir}/ holds a run; continue it with --init_from=resume, or train in another --out_dir")
         log_path = os.path.join(out_dir, 'metrics.jsonl')
+        if os.path.lexists(log_path) and not os.path.isfile(log_path):  # a folder, or a link to nothing
+            die(f"{log_path} is not a file; move it out of the way, or train in another --out_dir")
         if settings['init_from'] == 'scratch' and os.path.isfile(log_path) and os.path.getsize(log_path):
             kept = next(f"{log_path}.{i}" for i in range(1, 10 ** 6) if not os.path.exists(f"{log_path}.{i}"))
             os.replace(log_path, kept)  # an earlier run's records (its checkpoint gone): kept, out of the report
@@ -247,10 +263,23 @@ if settings['init_from'] == 'resume' or not trains:
     bad = [f"{k}={v!r}" for k, v in counts.items() if type(v) is not int or v < (k == 'world_size')]
     bad += [f"{k}={checkpoint.get(k)!r}" for k in ('train_time', 'best_val_loss')
             if type(checkpoint.get(k)) not in (int, float) or not 0 <= checkpoint[k] < math.inf]
+    ran_to = dict(checkpoint['config']).get('max_iters')  # what it was set to; a resume to train longer says more
+    if type(ran_to) is not int:  # (True is not a count)
+        bad.append(f"max_iters={ran_to!r}")
+    elif not bad and counts['iter_num'] > ran_to:
+        bad.append(f"iter_num={counts['iter_num']} is past its max_iters={ran_to}")
+    if not isinstance(checkpoint.get('fingerprint'), (str, type(None))):
+        bad.append(f"fingerprint={checkpoint['fingerprint']!r}")
+    if checkpoint.get('args_sha256') not in (None, args_sha256(ckpt_args)):  # (older checkpoints: none saved)
+        bad.append(f"its model_args (attn={ckpt_args.get('attn')!r}, qk_steps={ckpt_args.get('qk_steps')!r}) are "
+                   "not those its weights were saved with")
     if bad or not (isinstance(rngs, list) and len(rngs) == counts['world_size']
                    and all(isinstance(r, dict) and {'batches', 'torch'} <= set(r) for r in rngs)):
         die(f"{ckpt_path} is corrupt: " + (', '.join(bad) or "it lacks a random state per rank")
             + "; resume from an intact copy, or train in another --out_dir")
+    if trains and settings['max_iters'] < saved_iter:  # (it would save a checkpoint past its own max_iters)
+        die(f"--max_iters={settings['max_iters']} is below the checkpoint's iteration {saved_iter}; give a larger "
+            "--max_iters to train longer, or --eval_only=True to evaluate it")
 config = settings  # saved in the checkpoint
 globals().update(settings)
 
@@ -291,7 +320,12 @@ except prepare_data.DataError as e:
 if checkpoint is not None and ckpt_args['vocab_size'] != meta['vocab_size']:
     die(f"the checkpoint's vocabulary has {ckpt_args['vocab_size']} tokens, {data_dir}/{dataset}'s "
         f"{meta['vocab_size']}; name its dataset with --dataset")
+trained_on = checkpoint and os.path.join(*(dict(checkpoint['config']).get(k, v) for k, v in (('data_dir', data_dir),
+                                                                                              ('dataset', dataset))))
 if checkpoint is not None and not sample and checkpoint.get('fingerprint') not in (None, meta['fingerprint']):
+    if trained_on != os.path.join(data_dir, dataset):  # --dataset or --data_dir named another corpus
+        die(f"{ckpt_path} was trained on {trained_on} (corpus fingerprint {checkpoint['fingerprint'][:12]}), not on "
+            f"{data_dir}/{dataset} ({meta['fingerprint'][:12]}); drop --dataset and --data_dir, or name its corpus")
     die(f"{ckpt_path} was trained on {data_dir}/{dataset} as it was then (corpus fingerprint "
         f"{checkpoint['fingerprint'][:12]}), and that folder now holds other text ({meta['fingerprint'][:12]}); "
         f"prepare the run's text again (prepare_data.py --force), or name its corpus with --dataset")
@@ -452,6 +486,13 @@ if sample:
         die(f"cannot sample: {e}")
     shutdown(0)
 if eval_only:
+    ended, best = max_iters, not always_save_checkpoint  # where the run ended: its log's final record, if it has one
+    with suppress(OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        end = [r for r in map(json.loads, open(os.path.join(out_dir, 'metrics.jsonl'))) if r['event'] == 'final'][-1]
+        if end['iter'] >= saved_iter:  # (not a record older than the checkpoint)
+            ended, best = end['iter'], end['model_iter'] == saved_iter
+    print0(f"{ckpt_path} holds the model of iteration {saved_iter} of {ended}" + (
+        ", the run's best estimate (--always_save_checkpoint=False)" if best and saved_iter != ended else ''))
     full_eval()
     shutdown(0)
 
@@ -467,7 +508,8 @@ def save_checkpoint():
         return
     ckpt = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), model_args=model_args, rng=rngs,
                 iter_num=iter_num, best_val_loss=best_val_loss, train_time=train_time, tokens=tokens, config=config,
-                world_size=world_size, fingerprint=meta['fingerprint'], val_loss=saved_val)
+                world_size=world_size, fingerprint=meta['fingerprint'], val_loss=saved_val,
+                args_sha256=args_sha256(model_args))
     saving, mask = True, getattr(signal, 'pthread_sigmask', lambda *a: None)  # a Ctrl-C now waits for the save
     try:
         torch.save(ckpt, ckpt_path + '.tmp')
