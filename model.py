@@ -251,10 +251,13 @@ class Invertible(nn.Module):
         return q, k
 
 
-# What --attn=[diff+]<name> builds: cls(n_head, head_size, width(--qk_hidden), steps, **args(config), w_std); its
-# FLOPs per token and head, flops(hs, width, steps) -> (matmul, elementwise), None: refused where needed (bench, MFU);
-# its promises, held by tests `pytest -k <name>` selects: symplectic, volume_preserving, symmetric (-dt returns),
-# order (None: no claim), identity_at_zero (dt = 0 is the identity)
+# What --attn=[diff+]<name> builds: cls(n_head, head_size, **args(config)) and, of hidden=width(--qk_hidden),
+# steps=--qk_steps, dt=--qk_dt, w_std (from --qk_scale), those its constructor names (QK_FLAGS: a flag it does not
+# name, it does not read); its FLOPs per token and head, flops(hs, width, steps) -> (matmul, elementwise; 0 for none),
+# None: refused where needed (bench, MFU); its promises, held by tests `pytest -k <name>` selects: symplectic,
+# volume_preserving, symmetric (-dt returns), order (None: no claim), identity_at_zero (dt = 0 is the identity; all
+# three need a step size dt). It initializes itself (GPT's init skips it), and --qk_decay falls on its matrices only:
+# the weights of its nn.Linear layers and what its modules name in `matrices` (none: nothing to decay)
 QKTransform = namedtuple('QKTransform', 'cls args width flops symplectic volume_preserving symmetric order '
                                         'identity_at_zero')
 
@@ -267,7 +270,7 @@ def dynamics(integrator, force='potential', width=lambda m: m, cls=None, **promi
                               n * (it.forces * f.flops(hs, m)[1] + it.vector_ops * hs))
     given = dict(flops=price if f.flops else None, symplectic=it.symplectic and f.gradient, order=it.order,
                  volume_preserving=it.volume_preserving, symmetric=it.symmetric, identity_at_zero=True) | promises
-    args = lambda c: dict(integrator=integrator, force=force, dt=c.qk_dt)
+    args = lambda c: dict(integrator=integrator, force=force)
     return QKTransform(cls or Hamiltonian, args, width, **given)
 
 
@@ -280,7 +283,7 @@ QK_TRANSFORMS = Table({
     'coupled-mlp': dynamics('leapfrog', 'mlp', width=lambda m: max(1, m // 2)),  # coupled's integrator, its force
     # 4h hs + 2h + 1 parameters per head vs the potential's m hs + 2m + 1: h = m/4 matches coupled's budget.
     # Euler for q' = g_q(q), k' = g_k(k): order 1
-    'uncoupled': QKTransform(Uncoupled, lambda c: dict(dt=c.qk_dt), lambda m: max(1, m // 4),
+    'uncoupled': QKTransform(Uncoupled, lambda c: {}, lambda m: max(1, m // 4),
                              lambda hs, h, n: (n * 8 * h * hs, n * (4 * h + 2 * hs)),
                              False, False, False, order=1, identity_at_zero=True),
     # 6h hs + 2h per head: h = 0.4 m gives v2's "about 0.3%" at 60m (2.4x coupled's). No dt: identity at init
@@ -294,13 +297,33 @@ def attn_names():  # every --attn value, [diff+]<entry>, read from the table whe
     return ('standard', *QK_TRANSFORMS, 'diff', *('diff+' + t for t in QK_TRANSFORMS))
 
 
+QK_FLAGS = dict(hidden='qk_hidden', steps='qk_steps', dt='qk_dt', w_std='qk_scale')  # argument: the flag it reads
+
+
+def takes(cls):  # the QK_FLAGS arguments cls's constructor names (all of them if it takes **kwargs)
+    params = inspect.signature(cls).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return set(QK_FLAGS)
+    return set(QK_FLAGS) & set(params)
+
+
 def qk_transform(name, n_head, head_size, config):
     # The q/k map of one layer; n_head counts the (sub-)heads that own a q, k pair. q, k entries start with spread
     # 0.02 sqrt(n_embd) (LayerNorm'd x through c_attn at std 0.02): W of std qk_scale / (0.02 sqrt(n_embd hs)) gives
     # pre-activations w . q of spread qk_scale
     spec = QK_TRANSFORMS[name]
     w_std = config.qk_scale / (0.02 * math.sqrt(config.n_embd * head_size)) if config.qk_scale > 0 else None
-    return spec.cls(n_head, head_size, spec.width(config.qk_hidden), config.qk_steps, **spec.args(config), w_std=w_std)
+    given = dict(hidden=spec.width(config.qk_hidden), steps=config.qk_steps, dt=config.qk_dt, w_std=w_std)
+    return spec.cls(n_head, head_size, **{k: given[k] for k in takes(spec.cls)}, **spec.args(config))
+
+
+def qk_flags_read(config):
+    """The qk_* fields config's q/k map reads: those its constructor names, and qk_decay if it has matrices."""
+    if not config.qk_name:
+        return set()
+    qk = qk_transform(config.qk_name, 1, config.n_embd // config.n_head, config)  # one head, to look at
+    matrices = [m for m in qk.modules() if isinstance(m, nn.Linear) or getattr(m, 'matrices', ())]
+    return {QK_FLAGS[k] for k in takes(QK_TRANSFORMS[config.qk_name].cls)} | ({'qk_decay'} if matrices else set())
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -429,7 +452,11 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        self.apply(self._init_weights)  # Linear/Embedding only: the q/k nets initialize themselves
+        # Linear/Embedding only, outside the q/k maps: a q/k map initializes itself (a zero-init layer stays zero)
+        own = {id(m) for blk in self.transformer.h if blk.attn.qk is not None for m in blk.attn.qk.modules()}
+        for module in self.modules():
+            if id(module) not in own:
+                self._init_weights(module)
         if verbose:
             n, n_qk = self.get_num_params(), sum(p.numel() for p in self.qk_parameters())
             print(f"parameters: {n / 1e6:.2f}M; attn={config.attn}; q/k maps add {n_qk:,} ({n_qk / (n - n_qk):.3%})")

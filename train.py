@@ -61,7 +61,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
 from model import (POS, PRESETS, GPT, GPTConfig, attention_diagnostics, attn_names, autocast_dtype, flops_per_token,
-                   median_layer, peak_flops, qk_diagnostics)
+                   median_layer, peak_flops, qk_diagnostics, qk_flags_read)
 
 # -----------------------------------------------------------------------------
 _before = set(globals())  # the settings: what this block adds
@@ -355,6 +355,9 @@ try:
     model = GPT(GPTConfig(**model_args), verbose=master)
 except ValueError as e:
     die(str(e))
+unread = [f"--{k}" for k in given if k.startswith('qk_') and k not in qk_flags_read(model.config)]
+if unread and master:  # e.g. --qk_dt for a map with no step size: said, not silently ignored
+    print(f"note: {', '.join(unread)} {'is' if len(unread) == 1 else 'are'} not read by --attn={model.config.attn}")
 if checkpoint is not None:
     try:
         model.load_state_dict(checkpoint['model'])
