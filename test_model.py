@@ -2612,7 +2612,11 @@ def test_a_compiled_training_step_has_no_graph_break_and_no_recompile():
         torch._dynamo.reset()
 
 
-@pytest.mark.parametrize('attn', TRANSFORMS)
+SHIPPED = [a for a in ('coupled', 'euler', 'symplectic-euler', 'euler-mlp', 'coupled-mlp', 'uncoupled', 'invertible')
+           if a in TRANSFORMS]  # the maps this repository ships: their dtype is our speed, not a promise of an entry
+
+
+@pytest.mark.parametrize('attn', SHIPPED)
 def test_under_bf16_autocast_q_and_k_leave_the_qk_map_in_bf16(attn):
     # dt and the biases are cast to q's dtype: the elementwise work and q', k' stay bf16 (half the memory traffic)
     qk = qk_maps(build(attn))[0]
