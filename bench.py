@@ -28,6 +28,7 @@ import ctypes.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
+import textwrap  # noqa: E402
 import time  # noqa: E402
 from contextlib import nullcontext  # noqa: E402
 from itertools import groupby  # noqa: E402
@@ -532,12 +533,12 @@ def plan(world_size):
             first, first_evals = parts, evals
         print(f"| {name} | `$R {extra} --out_dir=runs/60m/{name}` | {tokens / 1e9:.2f}B | "
               f"{flops_per_token(cfg, T) / 1e9:.3f} | " + ' | '.join(fmt(sum(p.values())) for p in parts) + ' |')
-    print(f"\nEach time is an estimate: training at {UTILISATION:.0%} of the bf16 peak (the FLOP model), plus "
-          f"{first_evals} evaluations for 20,000 steps (each {2 * EVAL_ITERS * EVAL_BATCH:,} sequences split over "
-          f"the {world_size} GPU(s), and "
-          f"rank 0's diagnostics on {DIAG_TOKENS:,} tokens), plus ~{COMPILE_MINUTES} min of compile. standard on "
-          + ', '.join(f"{g}: {p['train']:.0f} + {p['eval']:.1f} + {p['compile']} min" for g, p in zip(PLAN_GPUS, first))
-          + '.')
+    note = (f"Each time is an estimate: training at {UTILISATION:.0%} of the bf16 peak (the FLOP model), "
+            f"{first_evals} evaluations of {2 * EVAL_ITERS * EVAL_BATCH:,} sequences split over the {world_size} GPU(s) "
+            f"plus rank 0's diagnostics, and ~{COMPILE_MINUTES} min of compile. standard: "
+            + ', '.join(f"{g} {p['train']:.0f} + {p['eval']:.1f} + {p['compile']} min" for g, p in zip(PLAN_GPUS, first))
+            + '.')
+    print('\n' + textwrap.fill(note, 116))
 
 
 # -----------------------------------------------------------------------------
