@@ -88,7 +88,7 @@ def idx_batch(B=2, T=16, vocab=50, seed=0):
 
 @pytest.mark.parametrize('kw, words', [
     (dict(attn='hamiltonian'), 'coupled'),
-    (dict(attn='diffusion'), 'coupled, euler'),  # [diff+]<entry>, split on '+': no prefix is stripped
+    (dict(attn='diffusion'), "attn='diffusion' is unknown"),  # [diff+]<entry>, split on '+': no prefix is stripped
     (dict(attn='diff+diff'), 'diff'),
     (dict(attn='standard+coupled'), r'diff\+coupled'),
     (dict(n_embd=30, n_head=4), 'divisible'),
@@ -3231,7 +3231,7 @@ def test_gpu_check_runs_at_a_reduced_shape_on_cpu(tmp_path, capsys, monkeypatch,
     failed = [f'torch.compile failed for {v}' in r.stdout for v in ('standard', 'coupled')]
     assert failed == [not works] * 2
     assert re.search(r'q/k map \(coupled\) in bf16 against float64: output \d+\.\d+%, its move \d+\.\d+%', r.stdout)
-    assert re.search(r'coupled --qk_steps=7 / standard, eager: \d\.\d{3}', r.stdout)
+    assert re.search(r'coupled --qk_steps=7 / standard, eager: \d\.\d{3}', r.stdout), r.stdout[-1500:]
     assert 'sync debug mode: skipped (CUDA only)' in r.stdout  # a CPU: no CUDA sync check
     assert re.search(r'coupled / standard, eager: \d\.\d{3}', r.stdout)
     assert re.search(r'coupled / standard, compiled: \d\.\d{3}', r.stdout) or not works
