@@ -6,7 +6,6 @@ without the KV cache) next to the FLOP model's ratio; tabulate and plot train.py
   python bench.py --preset=60m --batch_size=4 --block_size=256 --attn=standard,coupled,euler,uncoupled
   python bench.py --preset=60m --device=cuda --compile=True --dtype=bfloat16 --batch_size=16 --block_size=1024
   python bench.py --report=runs --plot=curves.png     # table (and curves) of the train.py runs under runs/
-  python bench.py --report=runs/lr --sweep=learning_rate --plot=lr.png  # final perplexity against a setting
   python bench.py --plan --world_size=8               # the GPU recipe: commands, tokens, GPU time (for 8 GPUs)
   python bench.py --gpu_check                         # on one GPU, ~3 minutes: the recipe's step, eager and compiled
 """
@@ -25,8 +24,10 @@ if __name__ == '__main__':  # not when imported: the importer's handler stays
 import argparse  # noqa: E402
 import ctypes  # noqa: E402
 import ctypes.util  # noqa: E402
+import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
 import time  # noqa: E402
@@ -51,11 +52,10 @@ def flop_ratio(cfg, T):  # the FLOP model: cfg's variant over standard attention
 # --report: finished train.py runs in rows of comparable runs
 
 # settings that change neither model nor training: runs that differ only in these share a row
-NOT_COMPARED = {'seed', 'out_dir', 'data_dir', 'init_from', 'eval_only', 'device', 'dtype', 'compile', 'preset',
+NOT_COMPARED = {'seed', 'out_dir', 'data_dir', 'init_from', 'eval_only', 'device', 'compile', 'preset',
                 'log_interval', 'eval_interval', 'eval_iters', 'always_save_checkpoint', 'time_budget', 'sample',
                 'sample_tokens'}
-
-
+COUNTS = ('max_iters', 'batch_size', 'block_size', 'gradient_accumulation_steps', 'warmup_iters')  # the report's sums
 ATTENTION = ('entropy', 'sink', 'gap')  # model.attention_diagnostics, per layer
 
 
@@ -70,6 +70,15 @@ def well_typed(r):  # the fields the report reads have the types it expects
                     and all(map(num, s.get('dt', []))) for s in qk)
             and isinstance(att, list) and all(isinstance(s, dict) and all(num(s.get(k)) for k in ATTENTION)
                                               for s in att))
+
+
+NUMBER = re.compile(r'[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?')
+
+
+def number(v):  # a setting as train.py meant it: the string "0.002" (a hand-edited or older log) is 0.002
+    if isinstance(v, str) and NUMBER.fullmatch(v.strip()):
+        return int(v) if v.strip().lstrip('+-').isdigit() else float(v)
+    return v
 
 
 def read_log(path):
@@ -87,7 +96,15 @@ def read_log(path):
     return records
 
 
-def find_logs(folders):  # each folder and log once, by its real path: overlapping folders, symlinks, their loops
+def content(path):  # what makes a log one run: its bytes (a symlink, a hard link and a `cp -r` copy are one run)
+    try:
+        with open(path, 'rb') as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:  # a folder of that name: load_runs says so
+        return path
+
+
+def find_logs(folders):  # each folder once, by its real path (overlapping folders, symlinks, their loops); each run once
     seen, logs = set(), {}
     for top in folders:
         for d, subdirs, files in os.walk(top, followlinks=True):
@@ -96,11 +113,13 @@ def find_logs(folders):  # each folder and log once, by its real path: overlappi
                 continue
             seen.add(os.path.realpath(d))
             if 'metrics.jsonl' in files + subdirs:
-                logs.setdefault(os.path.realpath(os.path.join(d, 'metrics.jsonl')), []).append(
-                    os.path.join(d, 'metrics.jsonl'))
+                path = os.path.join(d, 'metrics.jsonl')
+                logs.setdefault(content(path), []).append(path)
     for paths in logs.values():
         if len(paths) > 1:
-            print(f"note: {' and '.join(sorted(paths))} are one file (a link); counted once", file=sys.stderr)
+            link = len({(os.stat(p).st_dev, os.stat(p).st_ino) for p in paths}) == 1
+            print(f"note: {' and '.join(sorted(paths))} {'are one file (a link)' if link else 'are copies of one log'}"
+                  "; counted once", file=sys.stderr)
     return sorted(min(paths) for paths in logs.values())
 
 
@@ -125,6 +144,13 @@ def standing(log):
     return kept[:max(ends) + 1] if ends else []
 
 
+def typed(start):  # a start record with its settings typed; None: a count the report sums is not a number
+    s = dict(start, config={k: number(v) for k, v in start['config'].items()}, world_size=number(
+        start.get('world_size') or 1))
+    counts = {k: s['config'][k] for k in COUNTS if k in s['config']} | {'world_size': s['world_size']}
+    return s if all(type(v) in (int, float) for v in counts.values()) else None
+
+
 def load_runs(folders):
     """Every finished train.py run in or under the folders, labeled by its folder's name less '-s<seed>' and 'out-'
     (out-coupled-s2: coupled; 'out': its attn) and by what a resume changed: coupled [resumed: max_iters 500->1000]."""
@@ -139,13 +165,17 @@ def load_runs(folders):
             print(f"note: {path}: its records are out of order (an iteration before an earlier one); left out",
                   file=sys.stderr)
             continue
-        start = [r for r in log if r['event'] == 'start' and 'config' in r]
+        start = [typed(r) for r in log if r['event'] == 'start' and 'config' in r]
+        if None in start:
+            print(f"note: {path}: a setting among {', '.join(COUNTS)} or its world_size is not a number; left out",
+                  file=sys.stderr)
+            continue
         final = log[-1] if start else {}
         if final.get('event') == 'diverged':  # stopped at a non-finite loss: inf, at the tokens it set out to train
             c = start[-1]['config']
             final = dict(final, val_loss=math.inf, val_ppl=math.inf, tokens=c.get('max_iters', 0) * c.get(
                 'batch_size', 0) * c.get('block_size', 0) * c.get('gradient_accumulation_steps', 1)
-                * (start[-1].get('world_size') or 1))
+                * start[-1]['world_size'])
         if not ('val_loss' in final and min(final.get('tokens', 0), final.get('val_ppl', 0)) > 0):
             print(f"note: {path} is not a finished run (no final val_ppl, val_loss, tokens > 0); left out",
                   file=sys.stderr)
@@ -222,9 +252,14 @@ def agree(a, b, keys):
     return all(a.get(k) == b.get(k) for k in keys)
 
 
+def done(runs):  # the runs that finished (a diverged one's perplexity: inf); only these are averaged, in every column
+    return [r for r in runs if math.isfinite(r['final']['val_ppl'])]
+
+
 def curve(row):
-    """Mean over seeds of the row's validation estimates: [(tokens, loss)] at the evals every seed logged."""
-    per_seed = [{e['tokens']: e['val_loss'] for e in r['evals']} for r in row['runs']]
+    """Mean over the seeds that finished of the row's validation estimates: [(tokens, loss)] at the evals every one
+    of them logged."""
+    per_seed = [{e['tokens']: e['val_loss'] for e in r['evals']} for r in done(row['runs'])]
     common = sorted(set.intersection(*(set(p) for p in per_seed))) if per_seed else []
     return [(t, mean(p[t] for p in per_seed)) for t in common]
 
@@ -239,11 +274,12 @@ def tokens_to_reach(points, target):
 
 def token_ratio(row, rows, corpus):
     """'standard tokens to match' (the paper's "2.4x"): the tokens the longest comparable standard row needs to
-    reach this row's final estimate, over this row's tokens; '> N': never. Returns (ratio, that row's key)."""
+    reach this row's final estimate (mean over its seeds that finished), over this row's tokens; '> N': never.
+    Returns (ratio, that row's key)."""
     refs = [k for k, r in rows.items() if k[0] == corpus and r['kind'].get('attn') == 'standard'
             and agree(r['kind'], row['kind'], BASE) and curve(r)
             and agree(r['runs'][0]['config'], row['runs'][0]['config'], BATCHES)]
-    last = [r['evals'][-1]['val_loss'] for r in row['runs'] if r['evals']]
+    last = [r['evals'][-1]['val_loss'] for r in done(row['runs']) if r['evals']]
     if not refs or not last:
         return '-', None
     ref = max(refs, key=lambda k: (rows[k]['kind']['tokens'], len(rows[k]['runs'])))
@@ -252,55 +288,61 @@ def token_ratio(row, rows, corpus):
     return (f"{needed / tokens:.2f}x" if needed is not None else f"> {points[-1][0] / tokens:.2f}x"), ref
 
 
-def report(folders, plot, sweep=None):
-    """The table of finished train.py runs (and, with plot, their curves; with sweep, final perplexity against
-    that setting)."""
+def by_seed(runs):  # {seed: the final perplexities of its runs}
+    seeds = {}
+    for r in runs:
+        seeds.setdefault(str(r['config'].get('seed')), []).append(r['final']['val_ppl'])
+    return seeds
+
+
+def rows_of(folders):
+    """The rows of the finished runs under folders, each row's final perplexities (one a seed: the mean of the runs
+    that repeat it) and the notes to print last."""
     runs = load_runs(folders)
     if not runs:
         sys.exit(f"error: no finished train.py runs in {', '.join(folders)}; name run folders (--out_dir of train.py)")
     rows, notes = group_runs(runs)
-    if sweep and not any(sweep in r['config'] for r in runs):
-        sys.exit(f"error: --sweep={sweep}: no run logged that setting; name a train.py flag, e.g. learning_rate")
-    if plot:  # first: a path it cannot write to stops it before any output
-        (plot_sweep if sweep else plot_curves)(rows, plot, *[sweep] * bool(sweep))
-    ppl = {}  # a row's final perplexities, one per seed (runs that repeat a seed: their mean)
+    ppl = {}
     for (corpus, name), row in rows.items():
-        seeds = {}
-        for r in row['runs']:
-            seeds.setdefault(str(r['config'].get('seed')), []).append(r['final']['val_ppl'])
+        seeds = by_seed(row['runs'])
         ppl[(corpus, name)] = [mean(p) for p in seeds.values()]
         notes += [f"note: {corpus}/{name}: {len(p)} runs share seed {s}" for s, p in seeds.items() if len(p) > 1]
+    return rows, ppl, notes
+
+
+def results_table(rows, ppl):
+    """The table, a row of runs a line, standard first in each corpus, then by perplexity. Returns the rows in that
+    order, and the standard rows whose curves 'standard tokens to match' read."""
     print("| corpus | variant | seeds | val ppl (full split, mean +- std) | vs standard | standard tokens to match "
           "| nonlinear | dt | tokens | ms/iter |\n|---|---|---|---|---|---|---|---|---|---|")
-    used = set()  # the standard rows token_ratio read
+    used = set()
     order = sorted(rows, key=lambda k: (k[0], rows[k]['label'] != 'standard', mean(ppl[k])))
     for corpus, name in order:
         row = rows[(corpus, name)]
         p, tokens = ppl[(corpus, name)], row['kind']['tokens']
-        spread = spread_of(p)
         base = min((k for k, b in rows.items() if k[0] == corpus and b['label'] == 'standard'
                     and agree(b['kind'], row['kind'], BASE)),
                    key=lambda k: rows[k]['kind']['tokens'] != tokens, default=None)  # same tokens first
         rel = '-'
-        if base:
+        if base and finished(p):
             rel = f"{100 * (finite_mean(p) / finite_mean(ppl[base]) - 1):+.1f}%"
             if rows[base]['kind']['tokens'] != tokens:  # never compared silently
                 rel += f" at {tokens / rows[base]['kind']['tokens']:.2f}x its tokens"
         ratio, ref = token_ratio(row, rows, corpus)
         if ref:
             used.add(ref)
-        qk = [r['evals'][-1].get('qk') for r in row['runs'] if r['evals']]
+        qk = [r['evals'][-1].get('qk') for r in done(row['runs']) if r['evals']]
         nonlin = [n for n in (median_layer(q, 'nonlinear') for q in qk if q) if n is not None]  # None: too few tokens
         dts = [mean(d for s in q for d in s.get('dt', [])) for q in qk if q and q[0].get('dt')]
         ms = [m for r in row['runs'] for m in r['ms'][1:] or r['ms']]
-        print(f"| {corpus} | {name} | {len(p)} | {spread} | {rel} | {ratio} | "
+        print(f"| {corpus} | {name} | {len(p)} | {spread_of(p)} | {rel} | {ratio} | "
               f"{f'{100 * mean(nonlin):.2f}%' if nonlin else '-'} | "
               f"{f'{mean(dts):.3f}' if dts else '-'} | {tokens:,} | "
               f"{f'{median(ms):.0f}' if ms else '-'} |")
-    attention_table(rows, order)
-    variance_table(ppl, order)
-    if sweep:
-        sweep_table(rows, ppl, order, sweep)
+    return order, used
+
+
+def footnote(rows, ppl, used):  # which curves 'standard tokens to match' read, and how
     for corpus in sorted({c for c, _ in used}):
         keys = [k for k in rows if k in used and k[0] == corpus]
         refs = [f"{k[1]} ({len(ppl[k])} seed{'s' * (len(ppl[k]) > 1)}, {len(curve(rows[k]))} evals to "
@@ -310,6 +352,15 @@ def report(folders, plot, sweep=None):
               f"validation estimates, mean over seeds, where they first reach each row's final estimate (interpolated "
               f"between evals). Estimates are noisy, and a mid-run point is not the end of a run (its learning "
               f"rate has not decayed yet): standard's own row calibrates the reading")
+
+
+def report(folders, plot=None):
+    """The table of finished train.py runs (and, with plot, their curves)."""
+    rows, ppl, notes = rows_of(folders)
+    if plot:  # first: a path it cannot write to stops it before any output
+        plot_curves(rows, plot)
+    order, used = results_table(rows, ppl)
+    footnote(rows, ppl, used)
     for note in notes:
         print(note, file=sys.stderr)
 
@@ -326,67 +377,6 @@ def spread_of(p):  # "mean +- std" over the seeds that did not diverge, and how 
     ok = finished(p)
     text = f"{mean(ok):.3f}" + (f" +- {stdev(ok):.3f}" if len(ok) > 1 else '') if ok else 'inf'
     return text + (f" ({len(p) - len(ok)} of {len(p)} diverged)" if len(ok) < len(p) else '')
-
-
-def variance_table(ppl, order, least=5):
-    """Seed variance of the rows with >= least seeds, and for each pair of them (same corpus) the ratio of their
-    variances with its 95% interval from the F distribution and Levene's test (both need scipy; else ratio only)."""
-    keys = [k for k in order if len(finished(ppl[k])) >= least]
-    if not keys:
-        return
-    try:
-        from scipy import stats
-    except ImportError:
-        stats = None
-        print("note: the variance intervals and Levene's test need scipy (pip install scipy)", file=sys.stderr)
-    print(f"\nSeed variance (rows with {least} or more seeds): the variance of the final perplexity, and each pair's "
-          "ratio with its 95% interval (F distribution, normal seeds) and Levene's p (median-centered)\n"
-          "| corpus | variant | seeds | std | variance | / variant | ratio | 95% interval | Levene p |\n"
-          "|---|---|---|---|---|---|---|---|---|")
-    for i, a in enumerate(keys):
-        x = finished(ppl[a])
-        print(f"| {a[0]} | {a[1]} | {len(x)} | {stdev(x):.3f} | {stdev(x) ** 2:.4f} | | | | |")
-        for b in (b for b in keys[i + 1:] if b[0] == a[0]):  # pairs within a corpus
-            y = finished(ppl[b])
-            r, interval, lev = stdev(x) ** 2 / stdev(y) ** 2, '-', '-'
-            if stats:  # r / F(0.975) .. r / F(0.025), F with (len(x) - 1, len(y) - 1) degrees of freedom
-                f = lambda q: stats.f.ppf(q, len(x) - 1, len(y) - 1)
-                interval, lev = f"{r / f(0.975):.2f} - {r / f(0.025):.2f}", f"{stats.levene(x, y).pvalue:.2f}"
-            print(f"| {a[0]} | {a[1]} | | | | {b[1]} | {r:.2f} | {interval} | {lev} |")
-
-
-def sweep_table(rows, ppl, order, key):
-    """The rows as variant x the setting `key`: final perplexity, diverged runs, loss spikes after warmup."""
-    print(f"\nSweep of {key}: full-split val perplexity over the seeds that finished; diverged: stopped at a "
-          f"non-finite loss; spikes: train-loss log points after warmup more than 10% above the lowest before them\n"
-          f"| corpus | variant | {key} | seeds | val ppl | diverged | spikes (runs with any) |\n"
-          "|---|---|---|---|---|---|---|")
-    cells = sorted(order, key=lambda k: (k[0], str(rows[k]['kind'].get('attn')), rows[k]['kind'].get(key, 0)))
-    for k in cells:
-        row, p = rows[k], ppl[k]
-        ok = finished(p)
-        sp = [r['spikes'] for r in row['runs']]
-        print(f"| {k[0]} | {row['kind'].get('attn')} | {row['kind'].get(key, '-')} | {len(p)} | "
-              f"{spread_of(ok) if ok else '-'} | "
-              f"{len(p) - len(ok)} | {sum(sp)} ({sum(map(bool, sp))}) |")
-
-
-def attention_table(rows, order):
-    """Each row's attention diagnostics at its final eval, per layer from first to last, mean over the seeds that
-    logged them. A row without them (a log from before train.py wrote them) is left out; no row: no table."""
-    lines = []
-    for key in order:
-        att = [r['evals'][-1]['attn'] for r in rows[key]['runs'] if r['evals'] and r['evals'][-1].get('attn')]
-        if att:  # att: per seed, per layer, {entropy, sink, gap}; zip(*att): per layer, per seed
-            cells = [' '.join(f"{mean(s[k] for s in layer):.3f}" for layer in zip(*att))
-                     + f" ({spread_of([mean(s[k] for s in seed) for seed in att])})" for k in ATTENTION]
-            lines.append(f"| {key[0]} | {key[1]} | {len(att)} | {' | '.join(cells)} |")
-    if lines:
-        print("\nAttention at the final eval, per layer from first to last, mean over seeds (in brackets: the mean "
-              "over layers, mean +- std over seeds). entropy: a row's entropy over its maximum (1: uniform); sink: the "
-              "mass on the window's first position; gap: sigma_2 / sigma_1 (0: rank one)\n"
-              "| corpus | variant | seeds | entropy | sink | gap |\n|---|---|---|---|---|---|")
-        print('\n'.join(lines))
 
 
 def pyplot():
@@ -409,39 +399,9 @@ def save(fig, path):
     print(f"wrote {path}", file=sys.stderr)
 
 
-def plot_sweep(rows, path, key):
-    """Final perplexity against the setting `key`, a line per variant (mean over the seeds that finished, band: min
-    to max), diverged runs as crosses along the top, a panel per corpus."""
-    matplotlib, plt = pyplot()
-    corpora = sorted({c for c, _ in rows})
-    fig, axes = plt.subplots(1, len(corpora), figsize=(5 * len(corpora), 3.8), squeeze=False)
-    for ax, corpus in zip(axes[0], corpora):
-        variants, diverged = sorted({str(r['kind'].get('attn')) for (c, _), r in rows.items() if c == corpus}), {}
-        for i, v in enumerate(variants):
-            cells = sorted((r['kind'].get(key, 0), [x['final']['val_ppl'] for x in r['runs']])
-                           for (c, _), r in rows.items() if c == corpus and str(r['kind'].get('attn')) == v)
-            ok = [(x, finished(p)) for x, p in cells if finished(p)]
-            color = f"C{i % 10}"
-            if ok:
-                ax.plot([x for x, _ in ok], [mean(p) for _, p in ok], 'o-', label=v, color=color, lw=1.3, ms=3)
-                ax.fill_between([x for x, _ in ok], [min(p) for _, p in ok], [max(p) for _, p in ok], alpha=0.15,
-                                color=color)
-            diverged[v] = [x for x, p in cells for q in p if not math.isfinite(q)]
-        low, high = ax.get_ylim()
-        ax.set_ylim(low, high + 0.15 * (high - low))  # a strip along the top, above every line, for the crosses
-        for i, v in enumerate(variants):  # a cross per diverged run, nudged right per variant
-            xs = diverged.get(v, [])
-            ax.plot([x * 1.04 ** i for x in xs], [0.95] * len(xs), 'x', color=f"C{i % 10}", ms=7,
-                    transform=ax.get_xaxis_transform())
-        ax.set(xlabel=key, ylabel='val perplexity (full split)', title=f"{corpus}: x along the top, a diverged run",
-               xscale='log')
-        ax.grid(alpha=0.3, which='both')
-        ax.legend(fontsize=7)
-    save(fig, path)
-
-
 def plot_curves(rows, path):
-    """Validation estimates against tokens, a line per row (mean over seeds, band: min to max), a panel per corpus."""
+    """Validation estimates against tokens, a line per row (mean over the seeds that finished, band: min to max), a
+    panel per corpus."""
     matplotlib, plt = pyplot()
     corpora = sorted({c for c, _ in rows})
     colors = {name: f"C{i % 10}" for i, name in enumerate(sorted({name for _, name in rows}))}  # one per variant
@@ -450,9 +410,9 @@ def plot_curves(rows, path):
         for (c, name), row in sorted(rows.items(), key=lambda kv: kv[0][1]):
             if c != corpus or not curve(row):
                 continue
-            per_seed = [{e['tokens']: e['val_loss'] for e in r['evals']} for r in row['runs']]
+            per_seed = [{e['tokens']: e['val_loss'] for e in r['evals']} for r in done(row['runs'])]
             t = [x for x, _ in curve(row)][1:]  # from the first eval after step 0
-            ys = [[math.exp(min(p[x], 700)) for p in per_seed] for x in t]  # a diverged run: off the chart
+            ys = [[math.exp(min(p[x], 700)) for p in per_seed] for x in t]
             t = [x / 1e6 for x in t]
             ax.plot(t, [mean(y) for y in ys], label=name, lw=1.3, color=colors[name],
                     ls='--' if row['kind'].get('attn') == 'standard' else '-')
@@ -810,8 +770,6 @@ def main():
     p.add_argument('--json_out', help='a JSON record per (variant, mode) into this file')
     p.add_argument('--report', help='instead of timing: tabulate the train.py runs under these comma-separated folders')
     p.add_argument('--plot', help="with --report: draw each row's learning curve into this file")
-    p.add_argument('--sweep', help="with --report: a table (and with --plot, a picture) of final perplexity, "
-                   "diverged runs and loss spikes against this train.py setting, e.g. learning_rate")
     p.add_argument('--plan', action='store_true', help="print the paper's 60M ablation as GPU commands with their cost")
     p.add_argument('--world_size', type=int, default=1, help='--plan: GPUs in all (8 a node)')
     p.add_argument('--diag_cost', action='store_true', help="time one eval's diagnostics against one forward of "
@@ -823,10 +781,8 @@ def main():
         p.error(f"--report={args.report!r} names an empty folder; name the run folders, e.g. --report=runs")
     if args.plot is not None and not (args.report and os.path.splitext(args.plot)[1]):
         p.error("--plot draws the runs of --report into a file named by its format: --report=runs --plot=curves.png")
-    if args.sweep is not None and not (args.report and args.sweep):
-        p.error("--sweep names a train.py setting that the runs of --report vary: --report=runs --sweep=learning_rate")
     if args.report:
-        return report(args.report.split(','), args.plot, args.sweep)
+        return report(args.report.split(','), args.plot)
     if args.plan:
         if not (0 < args.world_size <= SEQUENCES_PER_STEP and SEQUENCES_PER_STEP % args.world_size == 0
                 and (args.world_size <= 8 or args.world_size % 8 == 0)):

@@ -2942,7 +2942,7 @@ def bench_report(capsys, monkeypatch, *args):
     return code, out.out, out.err
 
 
-def report_rows(stdout, table=0):  # the rows of the first table (the results), or of the second (attention)
+def report_rows(stdout, table=0):  # the rows of the first table (the results)
     return {row.split(' | ')[1]: row.split(' | ') for row in stdout.split('\n\n')[table].splitlines()
             if row.startswith('| pydocs')}
 
@@ -3057,22 +3057,6 @@ def test_report_counts_each_run_once(tmp_path, capsys, monkeypatch):
     assert rows['standard'][2] == '1' and 'pydocs/coupled: 2 runs share seed 1' in err
 
 
-def test_report_gives_the_attention_per_layer_and_reads_older_logs_as_before(tmp_path, capsys, monkeypatch):
-    runs = tmp_path / 'runs'
-    layers = lambda *xs: [dict(entropy=e, sink=s, gap=g) for e, s, g in xs]
-    fake_run(runs / 'standard-s1', [(0, 5.0), (128, 3.0)], 8.0, attn_last=layers((0.9, 0.1, 0.5), (0.7, 0.3, 0.4)))
-    fake_run(runs / 'standard-s2', [(0, 5.0), (128, 3.0)], 8.0, seed=2,
-             attn_last=layers((0.8, 0.2, 0.6), (0.5, 0.5, 0.2)))
-    fake_run(runs / 'coupled-s1', [(0, 5.0), (128, 3.0)], 9.0, attn='coupled')  # an older log: no diagnostics
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
-    assert code == 0 and err == '', err
-    assert set(report_rows(out)) == {'standard', 'coupled'}
-    assert report_rows(out, 1) == {'standard': [  # per layer, mean over the seeds; the layers' mean, per seed
-        '| pydocs', 'standard', '2', '0.850 0.600 (0.725 +- 0.106)', '0.150 0.400 (0.275 +- 0.106)',
-        '0.550 0.300 (0.425 +- 0.035) |']}
-    code, old, err = bench_report(capsys, monkeypatch, f'--report={runs / "coupled-s1"}')
-    assert code == 0 and 'Attention' not in old and '| pydocs | coupled | 1 |' in old  # older logs: as before
-
 def test_report_never_averages_two_corpora_and_says_which_model_and_run_it_reads(tmp_path, capsys, monkeypatch):
     runs, a, b = tmp_path / 'runs', 'a' * 64, 'b' * 64
     fake_run(runs / 'standard-s1', [(0, 5.0), (128, 3.0)], 8.0, fingerprint=a)
@@ -3145,68 +3129,6 @@ def test_report_bad_inputs_are_one_line_each(tmp_path, capsys, monkeypatch, case
         assert code == 1 and out == '' and err.count('\n') == 2 and 'error: no finished train.py runs' in err
     if case == 'a diverged seed':
         assert report_rows(out)['coupled'][3] == '8.000 (1 of 2 diverged)'
-
-
-def sweep_run(folder, losses, final_ppl, warmup_iters=2, **config):
-    """A run's log with a train-loss point per iteration: losses [...] then final_ppl, or None: it stopped at a
-    non-finite loss (a 'diverged' record, as train.py writes it) after them."""
-    cfg = dict(dataset='pydocs', attn='standard', batch_size=4, block_size=32, gradient_accumulation_steps=1,
-               eval_iters=2, learning_rate=1e-3, max_iters=8, warmup_iters=warmup_iters, seed=1) | config
-    os.makedirs(folder)
-    train = [dict(event='train', iter=i, loss=x, tokens=128 * i) for i, x in enumerate(losses, 1)]
-    end = (dict(event='final', iter=8, tokens=1024, val_loss=math.log(final_ppl), val_ppl=final_ppl)
-           if final_ppl else dict(event='diverged', iter=len(losses) + 1))
-    log_records(folder, dict(event='start', iter=0, config=cfg, world_size=1, tokens=0), *train, end)
-
-
-def test_report_sweep_tabulates_perplexity_diverged_runs_and_spikes_against_a_setting(tmp_path, capsys, monkeypatch):
-    runs, smooth = tmp_path / 'runs', [5.0, 4.0, 3.0, 2.9, 2.8, 2.7, 2.6, 2.5]
-    for a in ('standard', 'coupled'):
-        for s in (1, 2):
-            sweep_run(runs / f'{a}-1e-3-s{s}', smooth, 8.0 + s, attn=a, seed=s)
-        sweep_run(runs / f'{a}-4e-3-s1', [5.0, 4.0, 3.0, 2.0, 2.3, 2.1, 2.19, 2.0], 7.0, attn=a, learning_rate=4e-3)
-    # standard at 4e-3, seed 2: spikes at 5 (3.0 > 1.1 * 2.0) and 6, then inf; coupled: a spike inside warmup only
-    sweep_run(runs / 'standard-4e-3-s2', [5.0, 4.0, 3.0, 2.0, 3.0, 2.5], None, seed=2, learning_rate=4e-3)
-    sweep_run(runs / 'coupled-4e-3-s2', [5.0, 9.0] + smooth[2:], 9.0, attn='coupled', seed=2, learning_rate=4e-3)
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}', '--sweep=learning_rate')
-    assert code == 0, err
-    sweep = [line.split(' | ')[1:] for line in out.split('Sweep of learning_rate')[1].splitlines()
-             if line.startswith('| pydocs')]
-    assert sweep == [['coupled', '0.001', '2', '9.500 +- 0.707', '0', '0 (0) |'],
-                     ['coupled', '0.004', '2', '8.000 +- 1.414', '0', '1 (1) |'],  # 2.3 > 1.1 * 2.0, after warmup
-                     ['standard', '0.001', '2', '9.500 +- 0.707', '0', '0 (0) |'],
-                     ['standard', '0.004', '2', '7.000', '1', '3 (2) |']]  # 2.3; 3.0 and 2.5 (> 2.2)
-    assert report_rows(out)['standard-4e-3'][3] == '7.000 (1 of 2 diverged)'
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}', '--sweep=learning_rat')
-    assert code == 1 and err.strip() == ("error: --sweep=learning_rat: no run logged that setting; name a train.py "
-                                         "flag, e.g. learning_rate")
-    pytest.importorskip('matplotlib')
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}', '--sweep=learning_rate',
-                                  f'--plot={tmp_path / "lr.png"}')
-    assert code == 0 and (tmp_path / 'lr.png').read_bytes()[:4] == b'\x89PNG', err
-
-
-def test_report_gives_each_pair_of_many_seed_rows_a_variance_ratio_with_its_interval(tmp_path, capsys, monkeypatch):
-    runs = tmp_path / 'runs'
-    for s in range(1, 6):  # 5 seeds: standard spread 2x coupled's (variance 4x); uncoupled: coupled's, shifted
-        fake_run(runs / f'standard-s{s}', [(0, 5.0), (128, 3.0)], 10.0 + 0.2 * s, seed=s)
-        fake_run(runs / f'coupled-s{s}', [(0, 5.0), (128, 3.0)], 10.0 + 0.1 * s, attn='coupled', seed=s)
-        fake_run(runs / f'uncoupled-s{s}', [(0, 5.0), (128, 3.0)], 9.0 + 0.1 * s, attn='uncoupled', seed=s)
-    fake_run(runs / 'invertible-s1', [(0, 5.0), (128, 3.0)], 9.0, attn='invertible')  # one seed: no variance
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
-    cells = [[c.strip() for c in line.split('|')[1:-1]] for line in out.split('Seed variance')[1].splitlines()
-             if line.startswith('| pydocs')]
-    table = {(c[1], c[5]): c for c in cells}
-    assert code == 0 and {v for v, _ in table} == {'standard', 'coupled', 'uncoupled'}, out
-    assert table[('standard', '')][3:5] == ['0.316', '0.1000']
-    assert table[('standard', 'coupled')][6] == '4.00' and table[('uncoupled', 'coupled')][6] == '1.00'
-    if importlib.util.find_spec('scipy'):  # F(0.975; 4, 4) = 9.6045 (tables): 4 / 9.6045 .. 4 * 9.6045
-        assert table[('standard', 'coupled')][7] == '0.42 - 38.42' and err == ''
-        assert table[('uncoupled', 'coupled')][8] == '1.00'  # equal spreads: Levene's p is 1
-    with monkeypatch.context() as m:
-        m.setitem(sys.modules, 'scipy', None)  # not installed: the ratio, and how to get the rest
-        code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
-    assert code == 0 and '| coupled | 4.00 | - | - |' in out and 'need scipy (pip install scipy)' in err
 
 
 def failing_backend(gm, inputs):
@@ -3437,9 +3359,9 @@ def test_report_tabulates_any_run_folders_and_survives_a_cut_line(corpus, tmp_pa
     assert 'out-coupled/metrics.jsonl:' in r.stderr and 'skipped' in r.stderr
     rows = [line for line in r.stdout.split('\n\n')[0].splitlines() if line.startswith('| ') and 'variant' not in line]
     assert len(rows) == 2 and any('| coupled |' in row for row in rows) and any('| standard |' in row for row in rows)
-    attention = report_rows(r.stdout, 1)  # train.py's attention diagnostics: 3 numbers a layer, 2 layers
-    assert set(attention) == {'standard', 'coupled'}, r.stdout
-    assert all(len(row[k].split(' (')[0].split()) == 2 for row in attention.values() for k in (3, 4, 5)), r.stdout
+    for name in ('out-standard', 'out-coupled'):  # train.py's attention diagnostics (results/tables.py's table)
+        att = [m for m in bench.read_log(tmp_path / name / 'metrics.jsonl') if m['event'] == 'eval'][-1]['attn']
+        assert len(att) == 2 and all(set(layer) == {'entropy', 'sink', 'gap'} for layer in att), att
 
 
 # ---------------------------------------------------------------------------------------------------------------

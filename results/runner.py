@@ -1,0 +1,47 @@
+"""The results' runs: train.py commands, two at a time with OMP_NUM_THREADS=1 (one core each). A run folder whose
+log ends its run (a final record, or a 'diverged' one) is kept, so a script that was stopped or is run again makes
+only the runs still missing. Each run's output goes beside its folder (runs/.../NAME.log)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def finished(out_dir):
+    try:
+        with open(os.path.join(out_dir, 'metrics.jsonl'), encoding='utf-8', errors='replace') as f:
+            return any(json.loads(line).get('event') in ('final', 'diverged') for line in f if line.startswith('{'))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def train(job):
+    out_dir, flags = job
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    with open(out_dir + '.log', 'w') as log:
+        code = subprocess.call([sys.executable, os.path.join(ROOT, 'train.py'), *flags.split(), f'--out_dir={out_dir}'],
+                               stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    return f"{out_dir}: " + ('done' if code == 0 else f"stopped (exit {code}); see {out_dir}.log")
+
+
+def run(jobs, jobs_at_once=2):
+    """jobs: [(out_dir, train.py flags)], made in this order, jobs_at_once at a time; those finished are skipped."""
+    todo = [j for j in jobs if not finished(j[0])]
+    print(f"{len(jobs) - len(todo)} of {len(jobs)} runs finished already; training {len(todo)}, {jobs_at_once} at a "
+          "time", flush=True)
+    try:
+        with ThreadPoolExecutor(jobs_at_once) as pool:
+            for line in pool.map(train, todo):
+                print(line, flush=True)
+    except KeyboardInterrupt:  # the runs stop with their own line; finished ones stay
+        sys.exit("interrupted: run the script again to make the runs still missing")
+
+
+def copy(src, dst):  # a run reused under another name (cp -r): the report counts a copy once
+    if not finished(dst):
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst)
