@@ -2248,6 +2248,18 @@ def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(ddp_runs):
     assert [m for m in metrics(tmp_path) if m['event'] == 'final'][-1]['tokens'] == (6 * 2 + 2) * 4 * 32
 
 
+def test_ddp_ranks_stop_together_when_torchrun_is_killed(corpus, tmp_path):
+    # SIGKILL to the launcher alone: its ranks, reparented, see it gone at their next log step and stop with one line
+    p = start('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu',
+              f'--out_dir={tmp_path}', f'--data_dir={corpus}', *SMALL, '--max_iters=100000', '--eval_interval=5')
+    wait_for(tmp_path / 'ckpt.pt')
+    p.kill()
+    out, err = p.communicate(timeout=120)  # returns once the ranks, which hold its pipes too, have exited
+    assert 'torchrun, the launcher, is gone (killed?); all ranks stop at iteration' in err, err[-2000:]
+    assert 'Traceback' not in err and '--init_from=resume' in err
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['iter_num'] >= 5  # the last checkpoint stays
+
+
 def test_ddp_compiles_inside_ddp_split_at_its_buckets_and_trains_as_eager(ddp_runs):
     # the first compiled call runs inside DDP's forward, so Dynamo's DDP optimizer splits the graph at DDP's gradient
     # buckets (their all-reduce overlaps the backward), and the one graph is all: a trial step compiled before DDP

@@ -286,6 +286,7 @@ globals().update(settings)
 # ---- DDP and the device
 
 ddp = 'RANK' in os.environ  # launched by torchrun?
+launcher = os.getppid()  # under torchrun, its agent: the ranks stop together if it is killed
 if device == 'auto':
     device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
 device_type = device.split(':')[0]
@@ -550,10 +551,15 @@ def check_losses():  # losses since the last check; stop before any save at a no
     global pending
     losses = torch.stack(pending).float()
     bad = (~torch.isfinite(losses)).any().float()
-    if ddp:  # all ranks stop together (one alone would hang the others)
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if ddp:  # all ranks stop together (one alone would hang the others), also when the launcher is gone
+        flags = torch.stack([bad, torch.tensor(float(os.getppid() != launcher), device=bad.device)])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        bad, gone = flags.tolist()
+        if gone:  # SIGKILL to torchrun leaves its ranks running, their parent changed
+            die(f"torchrun, the launcher, is gone (killed?); all ranks stop at iteration {iter_num}; "
+                f"{resume_hint()}", code=1)
     losses, pending = losses.cpu().tolist(), []
-    if bad.item():
+    if bad:
         i = next((i for i, v in enumerate(losses) if not math.isfinite(v)), len(losses) - 1)
         not_finite(iter_num - len(losses) + 1 + i, losses[i] if not math.isfinite(losses[i]) else 'another rank')
     return losses[-1]
