@@ -1,9 +1,7 @@
 """
-A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped. Every attention
-variant behind one config field, `attn`: standard, diff (Differential Attention, Ye et al. 2024), or a q/k transform
-of the table QK_TRANSFORMS (coupled: the paper's leapfrog; ablations; invertible: v2), alone or as diff+<it>. In order:
-config; forces, integrators, q/k transforms and their tables; rotary, attention, MLP, block, GPT; KV cache;
-diagnostics; FLOPs.
+A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped. One config field,
+`attn`, picks the attention: standard, diff (Differential Attention, Ye et al. 2024), or a QK_TRANSFORMS entry
+(coupled: the paper's leapfrog), alone or as diff+<entry>.
 """
 
 import inspect
@@ -34,11 +32,11 @@ class GPTConfig:
     bias: bool = False       # biases in Linears and LayerNorms (GPT-2: True)
     attn: str = 'standard'   # one of attn_names(): standard, diff, or [diff+]<a QK_TRANSFORMS entry>
     qk_steps: int = 1        # integration steps (the Hamiltonians) or repeats of the map (uncoupled, invertible)
-    qk_hidden: int = 12      # width m of coupled's potential V (+0.119% at 60m); each entry's width(m) sets its own
+    qk_hidden: int = 12      # width m of coupled's potential V; each entry's width(m) derives its own
     qk_scale: float = 2.0    # spread of the q/k nets' pre-activations at init, out of SiLU's straight range
-    qk_dt: float = 0.1       # initial step size dt of every head's dynamics (learned per head)
-    qk_decay: bool = False   # weight decay on the q/k nets' matrices too (pulls them to linear)
-    pos: str = 'learned'     # 'learned' absolute positions, or 'rope' (rotary, applied after the q/k dynamics)
+    qk_dt: float = 0.1       # initial step size dt (learned per head)
+    qk_decay: bool = False   # weight decay on the q/k nets' matrices too
+    pos: str = 'learned'     # 'learned' absolute positions, or 'rope' (applied after the q/k dynamics)
 
     def __post_init__(self):
         def check(ok, msg):
@@ -58,11 +56,11 @@ class GPTConfig:
               f"pos=rope needs an even head size, got n_embd/n_head = {self.n_embd // self.n_head}")
 
     @property
-    def diff(self):  # differential attention: 'diff' or 'diff+<entry>' (attn split on '+', never a prefix)
+    def diff(self):  # 'diff' or 'diff+<entry>'
         return self.attn.split('+')[0] == 'diff'
 
     @property
-    def qk_name(self):  # the QK_TRANSFORMS entry of [diff+]<entry> ('coupled' for 'diff+coupled'), '' for none
+    def qk_name(self):  # the QK_TRANSFORMS entry of [diff+]<entry>, '' for none
         name = self.attn.split('+')[-1]
         return '' if name in ('standard', 'diff') else name
 
@@ -70,10 +68,10 @@ class GPTConfig:
 # ----------------------------------------------------------------------------------------------------------------
 # q/k transforms. Each maps q, k of shape (B, nh, T, hs) per head and per token: positions never mix.
 
-class Table(dict):  # a name maps to one thing: an unknown name is an error, never a default; a taken one is refused
+class Table(dict):  # an unknown name is an error, never a default; a taken one is refused
     def __init__(self, entries, what=None):
         super().__init__(entries)
-        self.what = what or entries.what  # what a name names; a copy, Table(table), keeps it
+        self.what = what or entries.what  # what a name names (a copy, Table(table), keeps it)
 
     def __missing__(self, name):
         raise ValueError(f"{self.what} {name!r} is unknown; choose one of {', '.join(self)}")
@@ -86,7 +84,7 @@ class Table(dict):  # a name maps to one thing: an unknown name is an error, nev
 
 class HeadMLP(nn.Module):
     """A separate two-layer SiLU net per head: x (..., nh, N, d_in) -> a silu(W x + b), (..., nh, N, d_out)."""
-    matrices = ('W', 'a')  # what weight decay may fall on (--qk_decay), by role: not b, whatever its shape
+    matrices = ('W', 'a')  # what --qk_decay decays (never b)
 
     def __init__(self, n_head, d_in, hidden, d_out, zero_out=False, w_std=None):
         super().__init__()
@@ -97,9 +95,9 @@ class HeadMLP(nn.Module):
 
     def pre(self, x):  # pre-activation z = W x + b: (..., nh, N, d_in) @ (nh, d_in, m) -> (..., nh, N, m)
         z = x @ self.W.transpose(1, 2)
-        return z + self.b.to(z.dtype)  # b in the matmul's dtype (bf16 under autocast): z stays in it
+        return z + self.b.to(z.dtype)  # z stays in the matmul's dtype (bf16 under autocast)
 
-    def forward(self, x, scale=1.0):  # scale (e.g. a step size, (nh, 1, 1)) folded into the small a: cheap
+    def forward(self, x, scale=1.0):  # scale (e.g. a step size, (nh, 1, 1)) folded into the small a
         return F.silu(self.pre(x)) @ (scale * self.a).transpose(1, 2)
 
 
@@ -108,8 +106,8 @@ def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
     return s * (1 + z * (1 - s))
 
 
-# Forces: cls(n_head, head_size, width, w_std), forward(q, scale) = scale F(q); whether F is a gradient; its price a
-# call, flops(hs, m) -> (matmul, elementwise) per token and head (elementwise: one per output number of a pointwise op)
+# Forces: forward(q, scale) = scale F(q); gradient: whether F = -grad V; flops(hs, m) -> (matmul, elementwise) a call,
+# per token and head
 
 class Potential(HeadMLP):
     """Our reading: F(q) = -grad V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head (w_j: the rows of W)."""
@@ -127,22 +125,21 @@ class Potential(HeadMLP):
 
 
 class FreeForce(HeadMLP):
-    """The review's f(q) = A silu(W q + b) per head, W: hs -> m, A: m -> hs (here a): free, the gradient of nothing
-    (its Jacobian A diag(silu') W is not symmetric). No energy; under leapfrog volume is kept, Omega is not."""
+    """The review's f(q) = A silu(W q + b) per head, W: hs -> m, A: m -> hs (here a): the gradient of nothing (its
+    Jacobian A diag(silu') W is not symmetric), so no energy; under leapfrog volume is kept, Omega is not."""
     gradient = False
     flops = staticmethod(lambda hs, m: (4 * m * hs, 2 * m))  # W q, A (.); + b, silu
 
     def __init__(self, n_head, head_size, hidden, w_std=None):
         super().__init__(n_head, head_size, hidden, head_size, w_std=w_std)  # W (nh, m, hs), b, A = a (nh, hs, m)
-        # A as W^T times the potential's a, halved (silu's rms is ~2x silu''s at spread 2): f as strong as F at init
+        # as strong as the potential's F at init (silu's rms is ~2x silu''s at spread 2)
         nn.init.normal_(self.a, std=(w_std or 1 / math.sqrt(head_size)) / (2 * math.sqrt(hidden)))
 
 
 FORCES = Table({'potential': Potential, 'mlp': FreeForce}, 'force')
 
 
-# Integrators: step(h, q, k, dt) -> (q, k), one step of size dt for the Hamiltonian h; h.force(q, c) is c F(q).
-# A step is self-contained: it computes every force it uses, nothing is handed to the next step
+# Integrators: step(h, q, k, dt) -> (q, k), one step of size dt for the Hamiltonian h; h.force(q, c) is c F(q)
 
 def leapfrog(h, q, k, dt):  # kick-drift-kick: two forces a step
     k = k + h.force(q, dt / 2)  # kick:  k += dt/2 F(q)
@@ -160,8 +157,8 @@ def symplectic_euler(h, q, k, dt):
     return q + dt * k, k    # drift: q += dt k (the new k)
 
 
-# What each promises for a gradient force (symplectic: J^T Omega J = Omega; volume_preserving: det J = 1; symmetric:
-# -dt returns; order p: error ~ dt^p), and its cost a step: forces, and vector_ops elementwise ops on hs numbers
+# Promises for a gradient force (symplectic: J^T Omega J = Omega; volume_preserving: det J = 1; symmetric: -dt
+# returns; order p: error ~ dt^p); cost a step: forces, and vector_ops elementwise ops on hs numbers
 Integrator = namedtuple('Integrator', 'step symplectic volume_preserving symmetric order forces vector_ops')
 INTEGRATORS = Table({
     'leapfrog': Integrator(leapfrog, True, True, True, order=2, forces=2, vector_ops=4),
@@ -173,30 +170,30 @@ INTEGRATORS = Table({
 class Hamiltonian(nn.Module):
     """Query = position, key = momentum: per head q'' = F(q), F a FORCES entry (the potential's -grad V: H(q, k) =
     1/2 |k|^2 + V(q)), stepped by an INTEGRATORS entry with a step size dt learned per head."""
-    scalars = ('dt',)  # learned per-head scalars: never decayed, reported by qk_diagnostics
+    scalars = ('dt',)  # learned per-head scalars, reported by qk_diagnostics
 
     def __init__(self, n_head, head_size, hidden, steps, integrator='leapfrog', dt=0.1, w_std=None, force='potential'):
         super().__init__()
-        if len(inspect.signature(INTEGRATORS[integrator].step).parameters) != 4:  # an unknown name: an error too
+        if len(inspect.signature(INTEGRATORS[integrator].step).parameters) != 4:
             raise TypeError(f"integrator {integrator!r}: a step is step(h, q, k, dt) -> (q, k), it takes no kick")
         self.f = FORCES[force](n_head, head_size, hidden, w_std=w_std)
         self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
         self.steps, self.integrator = steps, integrator
 
-    def force(self, q, scale=1.0):  # scale F(q); a subclass may change it (exercise 1: a pendulum)
+    def force(self, q, scale=1.0):  # scale F(q); a subclass may change it (exercise 1)
         return self.f(q, scale)
 
-    def step(self, q, k, dt):  # a subclass may change it too (a damped step, say)
+    def step(self, q, k, dt):  # a subclass may change it too
         return INTEGRATORS[self.integrator].step(self, q, k, dt)
 
     def forward(self, q, k, dt=None):
         B, nh, T, hs = q.shape
-        dt = (self.dt if dt is None else dt).view(nh, 1, 1).to(q.dtype)  # q's dtype: under autocast q, k stay bf16
-        # all tokens of a head as one matrix, (B, nh, T, hs) -> (nh, B*T, hs): the force is one batched matmul
+        dt = (self.dt if dt is None else dt).view(nh, 1, 1).to(q.dtype)  # under autocast q, k stay bf16
+        # (B, nh, T, hs) -> (nh, B*T, hs): the force is one batched matmul
         q, k = (x.transpose(0, 1).reshape(nh, B * T, hs) for x in (q, k))
         for _ in range(self.steps):
             out = self.step(q, k, dt)
-            if len(out) != 2:  # a step hands nothing on to the next (a kick to reuse, say)
+            if len(out) != 2:
                 raise TypeError(f"integrator {self.integrator!r}: a step returns (q, k), not {len(out)} values")
             q, k = out
         return tuple(x.view(nh, B, T, hs).transpose(0, 1) for x in (q, k))  # (B, nh, T, hs)
@@ -214,7 +211,7 @@ class Uncoupled(nn.Module):
         self.steps = steps
 
     def forward(self, q, k):
-        dt = self.dt.view(-1, 1, 1).to(q.dtype)  # q's dtype: under autocast q, k stay bf16
+        dt = self.dt.view(-1, 1, 1).to(q.dtype)
         for _ in range(self.steps):
             q, k = q + self.g_q(q, dt), k + self.g_k(k, dt)       # q += dt g_q(q); k += dt g_k(k)
         return q, k
@@ -242,29 +239,18 @@ class Invertible(nn.Module):
             q = q * torch.exp(s2) + t2                            # q = q exp(s2(k)) + t2(k)
         return q, k
 
-    def inverse(self, q, k):
-        for _ in range(self.steps):
-            s2, t2 = self.scale_shift(self.st2, k)
-            q = (q - t2) * torch.exp(-s2)
-            s1, t1 = self.scale_shift(self.st1, q)
-            k = (k - t1) * torch.exp(-s1)
-        return q, k
 
-
-# What --attn=[diff+]<name> builds: cls(n_head, head_size, **args(config)) and, of hidden=width(--qk_hidden),
-# steps=--qk_steps, dt=--qk_dt, w_std (from --qk_scale), those its constructor names (QK_FLAGS: a flag it does not
-# name, it does not read); its FLOPs per token and head, flops(hs, width, steps) -> (matmul, elementwise; 0 for none),
-# None: refused where needed (bench, MFU); its promises, held by tests `pytest -k <name>` selects: symplectic,
-# volume_preserving, symmetric (-dt returns), order (None: no claim), identity_at_zero (dt = 0 is the identity; all
-# three need a step size dt). It initializes itself (GPT's init skips it), and --qk_decay falls on its matrices only:
-# the weights of its nn.Linear layers and what its modules name in `matrices` (none: nothing to decay)
+# What --attn=[diff+]<name> builds: cls(n_head, head_size, **args(config)), given those of hidden=width(--qk_hidden),
+# steps, dt, w_std (QK_FLAGS) its constructor names; flops(hs, width, steps) -> (matmul, elementwise) per token and
+# head (None: no price); the promises `pytest -k <name>` checks (order None: no claim; identity_at_zero: dt = 0 is
+# the identity). It initializes itself; --qk_decay falls on its Linear weights and what its modules name `matrices`
 QKTransform = namedtuple('QKTransform', 'cls args width flops symplectic volume_preserving symmetric order '
                                         'identity_at_zero')
 
 
 def dynamics(integrator, force='potential', width=lambda m: m, cls=None, **promises):
-    """The entry of a Hamiltonian (or cls, a subclass) under INTEGRATORS[integrator] and FORCES[force]. What is
-    not given follows: symplectic if the force is a gradient, the rest the integrator's whatever the force."""
+    """The entry of a Hamiltonian (or cls, a subclass) under INTEGRATORS[integrator] and FORCES[force]; promises not
+    given follow: symplectic if the force is a gradient, the rest the integrator's."""
     it, f = INTEGRATORS[integrator], FORCES[force]
     price = lambda hs, m, n: (n * it.forces * f.flops(hs, m)[0],  # n steps of forces and vector ops
                               n * (it.forces * f.flops(hs, m)[1] + it.vector_ops * hs))
@@ -275,32 +261,31 @@ def dynamics(integrator, force='potential', width=lambda m: m, cls=None, **promi
 
 
 QK_TRANSFORMS = Table({
-    'coupled': dynamics('leapfrog'),  # the paper's method, our reading: leapfrog under the potential's force
+    'coupled': dynamics('leapfrog'),  # the paper's method, our reading
     'euler': dynamics('euler'),
     'symplectic-euler': dynamics('symplectic-euler'),
-    # the review's reading: its free force. 2h hs + h + 1 parameters per head (width h = m/2): +0.116% at 60m
+    # the review's free force; width h = m/2 matches coupled's parameters
     'euler-mlp': dynamics('euler', 'mlp', width=lambda m: max(1, m // 2)),  # exactly the review's equation
-    'coupled-mlp': dynamics('leapfrog', 'mlp', width=lambda m: max(1, m // 2)),  # coupled's integrator, its force
-    # 4h hs + 2h + 1 parameters per head vs the potential's m hs + 2m + 1: h = m/4 matches coupled's budget.
-    # Euler for q' = g_q(q), k' = g_k(k): order 1
+    'coupled-mlp': dynamics('leapfrog', 'mlp', width=lambda m: max(1, m // 2)),
+    # h = m/4 matches coupled's parameters; Euler for q' = g_q(q), k' = g_k(k): order 1
     'uncoupled': QKTransform(Uncoupled, lambda c: {}, lambda m: max(1, m // 4),
                              lambda hs, h, n: (n * 8 * h * hs, n * (4 * h + 2 * hs)),
                              False, False, False, order=1, identity_at_zero=True),
-    # 6h hs + 2h per head: h = 0.4 m gives v2's "about 0.3%" at 60m (2.4x coupled's). No dt: identity at init
+    # h = 0.4 m: v2's "about 0.3%" parameters at 60m. No dt: the identity at init
     'invertible': QKTransform(Invertible, lambda c: {}, lambda m: max(1, round(0.4 * m)),
                               lambda hs, h, n: (n * 12 * h * hs, n * (4 * h + 8 * hs)),
                               False, False, False, order=None, identity_at_zero=False),
 }, 'q/k transform')
 
 
-def attn_names():  # every --attn value, [diff+]<entry>, read from the table when asked (an entry added later counts)
+def attn_names():  # every --attn value, read from the table when asked (an entry added later counts)
     return ('standard', *QK_TRANSFORMS, 'diff', *('diff+' + t for t in QK_TRANSFORMS))
 
 
 QK_FLAGS = dict(hidden='qk_hidden', steps='qk_steps', dt='qk_dt', w_std='qk_scale')  # argument: the flag it reads
 
 
-def takes(cls):  # the QK_FLAGS arguments cls's constructor names (all of them if it takes **kwargs)
+def takes(cls):  # the QK_FLAGS arguments cls's constructor names (all, with **kwargs)
     params = inspect.signature(cls).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return set(QK_FLAGS)
@@ -308,9 +293,8 @@ def takes(cls):  # the QK_FLAGS arguments cls's constructor names (all of them i
 
 
 def qk_transform(name, n_head, head_size, config):
-    # The q/k map of one layer; n_head counts the (sub-)heads that own a q, k pair. q, k entries start with spread
-    # 0.02 sqrt(n_embd) (LayerNorm'd x through c_attn at std 0.02): W of std qk_scale / (0.02 sqrt(n_embd hs)) gives
-    # pre-activations w . q of spread qk_scale
+    # One layer's q/k map over n_head (sub-)heads. q, k start with spread 0.02 sqrt(n_embd): W of std
+    # qk_scale / (0.02 sqrt(n_embd hs)) gives pre-activations w . q of spread qk_scale
     spec = QK_TRANSFORMS[name]
     w_std = config.qk_scale / (0.02 * math.sqrt(config.n_embd * head_size)) if config.qk_scale > 0 else None
     given = dict(hidden=spec.width(config.qk_hidden), steps=config.qk_steps, dt=config.qk_dt, w_std=w_std)
@@ -355,10 +339,9 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.n_embd, self.dropout, self.layer_idx = config.n_head, config.n_embd, config.dropout, layer_idx
         self.head_size, self.diff = config.n_embd // config.n_head, config.diff
         self.n_v_head = config.n_head // 2 if self.diff else config.n_head  # diff: one v per pair of sub-heads
-        # the q/k map over every q, k pair: n_head heads, or for diff n_head sub-heads (two per differential head)
         self.qk = qk_transform(config.qk_name, config.n_head, self.head_size, config) if config.qk_name else None
         self.rotary = Rotary(self.head_size, config.block_size) if config.pos == 'rope' else None
-        self.scored = nn.Identity()  # passes (q, k) on: where a hook sees what is scored (attention_diagnostics)
+        self.scored = nn.Identity()  # a hook point: the (q, k) scored (attention_diagnostics)
         if self.diff:  # reference: microsoft/unilm Diff-Transformer multihead_diffattn.py
             self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
             self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
@@ -366,16 +349,14 @@ class CausalSelfAttention(nn.Module):
             self.subln = nn.RMSNorm(2 * self.head_size, eps=1e-5)  # per-head norm of the (B, nh/2, T, 2hs) output
 
     def attend(self, q, k, v, past):
-        # softmax(q k^T / sqrt(hs)) v over positions <= t. New queries sit at past..past+T-1; a single new query
-        # may see every cached position, so it needs no mask
+        # softmax(q k^T / sqrt(hs)) v over positions <= t; new queries sit at past..past+T-1 (one alone: no mask)
         T = q.size(2)
         mask = None if past == 0 or T == 1 else torch.ones(T, past + T, dtype=torch.bool, device=q.device).tril(past)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0 and T > 1,
                                               dropout_p=self.dropout if self.training else 0.0)
 
-    # diff's SDPA calls. split_v: one call per half of v, so that q, k and v share the head size hs (flash attention's
-    # condition; twice the calls); else one call per sub-head with v at 2hs. Equal outputs (a test). None: split on
-    # CUDA only (the reference's choice for flash attention); bench.py --gpu_check times both
+    # diff: split_v makes one SDPA call per half of v, so that q, k, v share the head size (flash attention's
+    # condition); else one call per sub-head, v at 2hs. Equal outputs. None: split on CUDA only
     split_v = None
 
     def diff_attend(self, q, k, v, past):
@@ -388,7 +369,7 @@ class CausalSelfAttention(nn.Module):
         vs = v.chunk(2, dim=-1) if split else (v,)  # (B, nh/2, T, hs) twice, or (B, nh/2, T, 2hs)
         y1, y2 = (torch.cat([self.attend(q[:, :, i], k[:, :, i], vh, past) for vh in vs], dim=-1) for i in (0, 1))
         y = y1 - lam * y2  # (B, nh/2, T, 2hs)
-        return self.subln(y.float()).type_as(y) * (1 - self.lambda_init)  # the norm in float32, as autocast's LayerNorm
+        return self.subln(y.float()).type_as(y) * (1 - self.lambda_init)  # the norm in float32
 
     def forward(self, x, cache=None):
         B, T, C = x.size()  # batch size, sequence length, embedding dimensionality (n_embd)
@@ -398,12 +379,12 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_v_head, C // self.n_v_head).transpose(1, 2)  # (B, nh, T, hs); diff (B, nh/2, T, 2hs)
         if self.qk is not None:
-            q, k = self.qk(q, k)  # the paper's step: evolve each token's (q, k) jointly, before scoring
+            q, k = self.qk(q, k)  # the paper's step: evolve each token's (q, k) jointly
         if self.rotary is not None:
             q, k = self.rotary(q, past), self.rotary(k, past)
         if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)  # the (evolved) keys and values of every token so far
-        q, k = self.scored((q, k))  # (B, nh, T, hs) after the q/k map and rotary; diff: its sub-heads
+            k, v = cache.update(self.layer_idx, k, v)  # the keys and values of every token so far
+        q, k = self.scored((q, k))
         y = self.diff_attend(q, k, v, past) if self.diff else self.attend(q, k, v, past)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
@@ -452,7 +433,7 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # Linear/Embedding only, outside the q/k maps: a q/k map initializes itself (a zero-init layer stays zero)
+        # outside the q/k maps: a q/k map initializes itself
         own = {id(m) for blk in self.transformer.h if blk.attn.qk is not None for m in blk.attn.qk.modules()}
         for module in self.modules():
             if id(module) not in own:
@@ -461,11 +442,11 @@ class GPT(nn.Module):
             n, n_qk = self.get_num_params(), sum(p.numel() for p in self.qk_parameters())
             print(f"parameters: {n / 1e6:.2f}M; attn={config.attn}; q/k maps add {n_qk:,} ({n_qk / (n - n_qk):.3%})")
 
-    def get_num_params(self):  # all parameters, the tied embedding once, positions included (nanoGPT leaves them out)
+    def get_num_params(self):  # the tied embedding once, positions included
         return sum(p.numel() for p in self.parameters())
 
     def qk_parameters(self):
-        # what coupling adds: the parameters of every module whose class is in QK_TRANSFORMS, wherever it sits
+        # what coupling adds: the parameters of every module whose class is in QK_TRANSFORMS
         classes = tuple(spec.cls for spec in QK_TRANSFORMS.values())
         return list({id(p): p for m in self.modules() if isinstance(m, classes) for p in m.parameters()}.values())
 
@@ -498,9 +479,8 @@ class GPT(nn.Module):
         return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        # decay by declared role, not by shape: the weights of Linear and Embedding layers, and what a module names in
-        # `matrices` (the q/k nets' W and a, only with config.qk_decay); never biases, gains, diff's lambdas or a
-        # per-head scalar, even one stored as (nh, 1, 1)
+        # decay by role, not shape: Linear and Embedding weights, and what a module names in `matrices` (q/k nets:
+        # only with qk_decay); never biases, gains, diff's lambdas or a per-head scalar
         qk_ids = {id(p) for p in self.qk_parameters()}
         roles = lambda m: ('weight',) if isinstance(m, (nn.Linear, nn.Embedding)) else getattr(m, 'matrices', ())
         matrices = {id(getattr(m, name)) for m in self.modules() for name in roles(m)}
@@ -511,13 +491,13 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Extend idx (B, T) by max_new_tokens tokens (temperature=0: the most likely). With use_cache a new token
-        costs one position's work while the context fits block_size; a full window refills the cache."""
+        """Extend idx (B, T) by max_new_tokens tokens (temperature=0: the most likely); use_cache: one position's
+        work a token while the context fits block_size."""
         bs, cache = self.config.block_size, None
         for _ in range(max_new_tokens):
-            if cache is not None and len(cache) < bs:  # one new token; the cache holds the others' keys, values
+            if cache is not None and len(cache) < bs:  # one new token
                 logits, _ = self(idx[:, -1:], cache=cache)
-            else:  # no cache, the first step, or a full window: the last block_size tokens from scratch
+            else:  # the last block_size tokens from scratch
                 cache = KVCache(self.config.n_layer) if use_cache else None
                 logits, _ = self(idx[:, -bs:], cache=cache)
             logits = logits[:, -1, :]
@@ -540,7 +520,7 @@ class KVCache:
         self.layers = [None] * n_layer  # (keys, values) buffers, (B, nh, capacity, hs)
         self.sizes = [0] * n_layer
 
-    def __len__(self):  # tokens cached (by the first layer; a forward pass updates the layers in turn)
+    def __len__(self):  # tokens cached (by the first layer)
         return self.sizes[0]
 
     def update(self, i, k, v):  # append this step's (B, nh, T, hs) keys/values, return all of them
@@ -569,19 +549,17 @@ def seen_by(model, idx, modules):
     return seen
 
 
-# the nonlinear fraction's floor: its least-squares fit has 2 hs + 1 unknowns per output (A, c on [q, k, 1]); with
-# about as many tokens it fits anything (0%), and it reads low well beyond. Below FIT_TOKENS distinct tokens per
-# unknown, or if [q, k, 1] has not full rank, it is None ("too few tokens"). At the floor it reads ~6% low (a
-# least-squares residual shrinks as sqrt(1 - unknowns / tokens)); train.py measures it on 8,192 val tokens
+# the affine fit has 2 hs + 1 unknowns per output; with as many tokens it fits anything. Below FIT_TOKENS distinct
+# tokens per unknown, or rank-deficient [q, k, 1], nonlinear is None. At the floor it reads ~6% low (a residual
+# shrinks as sqrt(1 - unknowns / tokens))
 FIT_TOKENS = 8
 
 
 @torch.no_grad()
 def qk_diagnostics(model, idx):
-    """How much, and how nonlinearly, each layer's q/k map moves real tokens idx (B, T). Per layer (and head):
-    dq = |q' - q| / |q|, dk = |k' - k| / |k|, nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)| (least
-    squares per head, over all tokens; None below the FIT_TOKENS floor): ~0 for a linear map (dt = 0, SiLU's
-    straight range), which W_q, W_k absorb; and each learned per-head scalar the map declares in `scalars` (dt, ...)."""
+    """How much, and how nonlinearly, each layer's q/k map moves tokens idx (B, T). Per layer (and head): dq =
+    |q' - q| / |q|, dk = |k' - k| / |k|, nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)| (per head,
+    ~0 for a map W_q, W_k could absorb); and the per-head `scalars` the map declares (dt)."""
     maps = [blk.attn.qk for blk in model.transformer.h if blk.attn.qk is not None]
     if not maps:
         return []
@@ -610,9 +588,8 @@ def attention_probs(q, k, dtype=torch.float32):  # softmax(q k^T / sqrt(hs)) ove
 
 
 def top_singular_values(a, n=2, block=8, iters=10):
-    """sigma_1 .. sigma_n of each matrix a (..., T, T), cheaply: subspace iteration, x <- orth(a^T a x) on a block of
-    `block` vectors (from a fixed seed), then the exact singular values of a x (..., T, block). Converges as
-    (sigma_{block+1} / sigma_n)^(2 iters): a few matmuls of (T, T) by (T, block), no (T, T) decomposition."""
+    """sigma_1 .. sigma_n of each a (..., T, T) by subspace iteration, x <- orth(a^T a x) on `block` vectors, then
+    the singular values of a x; error ~ (sigma_{block+1} / sigma_n)^(2 iters), no (T, T) decomposition."""
     x = torch.randn(a.size(-1), min(block, a.size(-1)), generator=torch.Generator().manual_seed(0)).to(a)
     for _ in range(iters):
         x = torch.linalg.qr(a.transpose(-2, -1) @ (a @ x)).Q         # (..., T, block), orthonormal columns
@@ -620,9 +597,8 @@ def top_singular_values(a, n=2, block=8, iters=10):
 
 
 def attention_stats(att):
-    """Attention probabilities att (..., T, T), causal rows that sum to 1, in three numbers, each a mean over all but
-    the last two dims: entropy, row i's entropy over its maximum log(i + 1) (1: uniform, 0: one position); sink, row
-    i's mass on position 0; both over rows i >= 1 (row 0 sees only itself); gap, sigma_2 / sigma_1 (0: rank one)."""
+    """Causal attention att (..., T, T) in three means: entropy, row i's over its maximum log(i + 1) (1: uniform);
+    sink, row i's mass on position 0 (both over rows i >= 1); gap, sigma_2 / sigma_1 (0: rank one)."""
     rows, T = att[..., 1:, :], att.size(-1)                                           # rows i = 1 .. T-1
     log_n = torch.arange(2, T + 1, dtype=att.dtype, device=att.device).log()           # log(i + 1), (T-1,)
     entropy = -torch.special.xlogy(rows, rows).sum(-1) / log_n                         # -sum p log p, 0 log 0 = 0
@@ -631,22 +607,20 @@ def attention_stats(att):
                 gap=(sigma[..., 1] / sigma[..., 0]).mean().item())
 
 
-DIAG_SEQUENCES = 8  # the attention diagnostics read this many sequences of their batch: (8, nh, T, T) float32 a layer
+DIAG_SEQUENCES = 8  # sequences the attention diagnostics read: (8, nh, T, T) float32 a layer
 
 
 @torch.no_grad()
 def attention_diagnostics(model, idx, sequences=DIAG_SEQUENCES):
-    """The pathologies coupling is said to cure (attention gone uniform, a sink, a widening gap between the leading
-    singular values), per layer on real tokens (the first `sequences` rows of idx (B, T)): attention_stats of every
-    head's softmax, from the q, k the layer scored (its `scored` hook point). Diff: each sub-head's softmax on its
-    own (their signed difference is no distribution)."""
+    """The pathologies coupling is said to cure (uniform attention, a sink, a spectral gap): per layer, attention_stats
+    of every head's softmax on the first `sequences` rows of idx (B, T); diff: each sub-head's."""
     if idx.size(1) < 2:  # no row i >= 1
         return []
     scored = seen_by(model, idx[:sequences], [blk.attn.scored for blk in model.transformer.h])
     return [attention_stats(attention_probs(*qk)) for _, _, qk in scored]
 
 
-def median_layer(stats, key):  # a diagnostic in one number: the median over layers (None if a layer has none)
+def median_layer(stats, key):  # the median over layers (None if a layer has none)
     values = [s[key] for s in stats]
     return None if None in values else statistics.median(values)
 
@@ -658,34 +632,22 @@ def flops_per_token(config, T):
     C, L, nh, hs = config.n_embd, config.n_layer, config.n_head, config.n_embd // config.n_head
     matmul = 2 * (L * 12 * C * C + C * config.vocab_size)            # c_attn, c_proj, c_fc, mlp.c_proj; lm_head
     attend = L * 2 * T * C * (3 if config.diff else 2) / 2  # q k^T and (attention) v, causal half
-    spec = QK_TRANSFORMS[config.qk_name] if config.qk_name else None  # an unknown name is an error, never 0 FLOPs
+    spec = QK_TRANSFORMS[config.qk_name] if config.qk_name else None
     if spec and spec.flops is None:
         raise ValueError(f"{config.qk_name} has no FLOP price (flops=None in its QK_TRANSFORMS entry): give it one")
     qk_flops = L * nh * sum(spec.flops(hs, spec.width(config.qk_hidden), config.qk_steps)) if spec else 0
     return 3 * (matmul + attend + qk_flops)
 
 
-# Dense bf16 tensor-core peak FLOP/s (no sparsity), for MFU, by the exact name the driver reports (nvidia-smi,
-# torch.cuda.get_device_name). Datasheets quote bf16 "with sparsity": the dense peak is half of it.
+# Dense bf16 peak FLOP/s for MFU, by the name torch.cuda.get_device_name reports: NVIDIA's datasheets' bf16 "with
+# sparsity", halved (B200: the HGX's 36 PFLOPS over 8; RTX: the architecture whitepapers' FP32-accumulate figure)
 GPU_PEAK_FLOPS = {
-    'NVIDIA L4': 121e12,                # NVIDIA L4 datasheet: BF16 242 TFLOPS with sparsity
-    'NVIDIA L40': 181e12,               # NVIDIA L40 datasheet: BF16 362.1 with sparsity
-    'NVIDIA L40S': 362e12,              # NVIDIA L40S datasheet: BF16 733 with sparsity
-    'NVIDIA A10': 125e12,               # NVIDIA A10 datasheet: BF16 125 (250 with sparsity)
-    'NVIDIA A100-SXM4-40GB': 312e12,    # NVIDIA A100 datasheet: BF16 312 (624 with sparsity), each form factor
-    'NVIDIA A100-SXM4-80GB': 312e12,
-    'NVIDIA A100-PCIE-40GB': 312e12,
-    'NVIDIA A100 80GB PCIe': 312e12,
-    'NVIDIA H100 80GB HBM3': 989e12,    # H100 SXM. NVIDIA H100 datasheet: SXM BF16 1,979 with sparsity
-    'NVIDIA H100 PCIe': 756e12,         # NVIDIA H100 datasheet: PCIe BF16 1,513 with sparsity
-    'NVIDIA H100 NVL': 835e12,          # NVIDIA H100 datasheet: NVL BF16 1,671 with sparsity
-    'NVIDIA H200': 989e12,              # NVIDIA H200 datasheet: SXM BF16 1,979 with sparsity
-    'NVIDIA H200 NVL': 835e12,          # NVIDIA H200 datasheet: NVL BF16 1,671 with sparsity
-    'NVIDIA H800': 989e12,              # NVIDIA H800 datasheet: SXM BF16 1,979 with sparsity
-    'NVIDIA H800 PCIe': 756e12,         # NVIDIA H800 datasheet: PCIe BF16 1,513 with sparsity
-    'NVIDIA B200': 2250e12,             # NVIDIA HGX B200 datasheet: FP16/BF16 36 PFLOPS with sparsity for 8 GPUs
-    'NVIDIA GeForce RTX 4090': 165e12,  # NVIDIA Ada Lovelace architecture whitepaper: BF16, FP32 accumulate, 165.2
-    'NVIDIA GeForce RTX 3090': 71e12,   # NVIDIA Ampere GA102 whitepaper: BF16, FP32 accumulate, 71
+    'NVIDIA L4': 121e12, 'NVIDIA L40': 181e12, 'NVIDIA L40S': 362e12, 'NVIDIA A10': 125e12,
+    'NVIDIA A100-SXM4-40GB': 312e12, 'NVIDIA A100-SXM4-80GB': 312e12, 'NVIDIA A100-PCIE-40GB': 312e12,
+    'NVIDIA A100 80GB PCIe': 312e12, 'NVIDIA H100 80GB HBM3': 989e12, 'NVIDIA H100 PCIe': 756e12,
+    'NVIDIA H100 NVL': 835e12, 'NVIDIA H200': 989e12, 'NVIDIA H200 NVL': 835e12, 'NVIDIA H800': 989e12,
+    'NVIDIA H800 PCIe': 756e12, 'NVIDIA B200': 2250e12, 'NVIDIA GeForce RTX 4090': 165e12,
+    'NVIDIA GeForce RTX 3090': 71e12,
 }
 
 
@@ -703,8 +665,7 @@ def peak_flops(device):
     return GPU_PEAK_FLOPS.get(torch.cuda.get_device_name(device)) if str(device).startswith('cuda') else None
 
 
-def autocast_dtype(device):  # dtype=auto: bf16 where the GPU computes it natively; fp16 (with a GradScaler) on
-    # older CUDA GPUs (T4, V100), whose bf16 is emulated; float32 off CUDA
+def autocast_dtype(device):  # dtype=auto: bf16 where native, fp16 on older CUDA GPUs (T4, V100), float32 off CUDA
     if not str(device).startswith('cuda'):
         return 'float32'
     return 'bfloat16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'

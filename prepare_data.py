@@ -15,12 +15,12 @@ import os
 import signal
 
 
-def on_ctrl_c(signum, frame):  # Ctrl-C during the imports: one line, exit code 130 (at work: KeyboardInterrupt)
+def on_ctrl_c(signum, frame):  # Ctrl-C during the imports: one line, exit code 130
     os.write(2, b"\ninterrupted: nothing was written\n")
     os._exit(130)
 
 
-if __name__ == '__main__':  # before urllib and numpy, slow to import; not when imported
+if __name__ == '__main__':  # before the slow imports
     signal.signal(signal.SIGINT, on_ctrl_c)
 
 import argparse  # noqa: E402
@@ -63,7 +63,7 @@ class DataError(Exception):
     """Bad input or a failed download: reported as one line."""
 
 
-def remove(path):  # if it is there
+def remove(path):
     if os.path.exists(path):
         os.remove(path)
 
@@ -93,7 +93,7 @@ def get_tokenizer(name):
 
 
 def chunks(text, size=1 << 20):
-    """Split a long document at line ends into ~1 MB pieces, so tokenization streams and runs in threads."""
+    """Split a document at line ends into ~1 MB pieces: tokenization streams, in threads."""
     start = 0
     while start < len(text):
         end = text.find('\n', start + size)
@@ -122,13 +122,13 @@ def write_tokens(tmp, docs, tok):
 # sources: each returns {split: [documents]}
 
 def download(url, dest, sha256=None, attempts=3):
-    """Fetch url to dest atomically, with progress, retries, a User-Agent, and a size/checksum check."""
+    """Fetch url to dest atomically, with progress, retries and a size/checksum check."""
     if os.path.exists(dest):
         return dest
     tmp = f"{dest}.tmp{os.getpid()}"
     req = urllib.request.Request(url, headers={'User-Agent': 'coupled-qk-prepare-data/1.0 (python urllib)'})
     for attempt in range(1, attempts + 1):
-        try:  # the finally removes the temp file whatever happens (Ctrl-C included)
+        try:
             with urllib.request.urlopen(req, timeout=30) as r, open(tmp, 'wb') as f:
                 total, got, t0 = int(r.headers.get('Content-Length') or 0), 0, time.time()
                 while block := r.read(1 << 20):
@@ -144,7 +144,7 @@ def download(url, dest, sha256=None, attempts=3):
                 raise DataError(f"{url} does not have the expected sha256; the file changed upstream")
             os.replace(tmp, dest)
             return dest
-        except (OSError, DataError) as e:  # URLError is an OSError
+        except (OSError, DataError) as e:
             reason = getattr(e, 'reason', e)
             if attempt == attempts:
                 raise DataError(f"cannot download {url} ({reason}); offline, give a copy of it with "
@@ -209,8 +209,8 @@ JSONL = ('.jsonl', '.jsonl.gz', '.json.gz')  # JSON lines, gzipped or not
 
 
 def input_files(path, quiet=False):
-    """--input's files: itself, or the .txt/.jsonl[.gz] files in its folder and the folders linked into it (each
-    once); a FIFO, device or socket inside a folder is skipped in one line (reading it could wait forever)."""
+    """--input's files: itself, or the .txt/.jsonl[.gz] files in its folder tree, links followed, each folder once;
+    a pipe, device or socket is skipped with a note (reading it could wait forever)."""
     if not os.path.isdir(path):
         return [path]
     files, seen = [], set()
@@ -229,8 +229,8 @@ def input_files(path, quiet=False):
 
 
 def read_local(path, jsonl=None):
-    """A .txt file (one document), a .jsonl[.gz] file (a document per line, field 'text'), or a folder of them.
-    jsonl=True/False: read as JSON lines / plain text whatever the name (a named corpus's file)."""
+    """A .txt file (one document), a .jsonl[.gz] file (a document per line, field 'text'), or a folder of them;
+    jsonl=True/False: JSON lines / plain text whatever the name."""
     if not os.path.exists(path):
         raise DataError(f"--input={path} does not exist; give a .txt/.jsonl/.jsonl.gz file or a folder of them")
     files = input_files(path)
@@ -291,15 +291,14 @@ def wikitext(name, zpath):
         raise DataError(f"{zpath} is not the expected WikiText archive ({e}); delete it and run again")
 
 
-MIN_TOKENS = 64  # fewer in a split: refused, too small to train or evaluate on
+MIN_TOKENS = 64  # fewer in a split: refused
 TOLERANCE = 0.1  # val holds val_fraction of the tokens to within a tenth of itself (0.1: 9% to 11%)
 
 
 def split_train_val(docs, val_fraction, seed=1337, count=lambda texts: [len(t) for t in texts]):
-    """Shuffle documents (fixed seed) and hold out the last val_fraction of the tokens the model sees (count: the
-    tokens of each text; each document adds its end of text), whole documents where that falls within TOLERANCE;
-    else (few or uneven documents) the document at the border is cut in two, at a line's start near the cut if there
-    is one, and its two parts end a document each."""
+    """Shuffle documents (fixed seed) and hold out the last val_fraction of the tokens (count: each text's tokens),
+    whole documents where that falls within TOLERANCE; else the document at the border is cut in two, at a line's
+    start near the cut if there is one."""
     if not 0 < val_fraction < 1:
         raise DataError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
     docs = [d for d in docs if d]  # an empty file or record: no document
@@ -378,7 +377,7 @@ def write_dataset(out, corpus, input, name, source, tok, val_fraction, digest):
                     vocab_size=tok['vocab_size'], eot_token=tok['eot'], dtype='uint16', tokens=counts, bytes=sizes,
                     fingerprint=fingerprint({s: os.path.join(out, f'{s}.bin') for s in tmps}),
                     input_sha256=digest,
-                    val_fraction=val_fraction if 'test' not in counts else None,  # asked for; and as measured
+                    val_fraction=val_fraction if 'test' not in counts else None,
                     val_fraction_measured=round(counts['val'] / sum(counts.values()), 4) if 'test' not in counts
                     else None,
                     separator=f"end-of-text token {tok['eot']} after every document")
@@ -428,7 +427,7 @@ def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1
             whole = all(os.path.getsize(os.path.join(out, f'{s}.bin')) == 2 * n for s, n in meta['tokens'].items())
             same = dict(tokenizer=tokenizer, source=source, input_sha256=digest,
                         val_fraction=val_fraction if meta.get('val_fraction') is not None else None)
-            other = [PREPARED_FROM[k] for k, v in same.items() if meta.get(k, v) != v]  # (older ones lack input_sha256)
+            other = [PREPARED_FROM[k] for k, v in same.items() if meta.get(k, v) != v]
         except (ValueError, OSError, TypeError, AttributeError, KeyError):
             whole = False
         if whole and not other:
@@ -465,9 +464,8 @@ def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1
 # the loader: what train.py reads, all checked before any training
 
 def lock_folder(path, exclusive, refusal):
-    """flock the dataset's folder: trainers share it, a preparation holds it alone, so a corpus is never rewritten
-    under a running trainer. Returns the lock's file descriptor (None without fcntl: Windows), or raises
-    DataError(refusal)."""
+    """flock the dataset's folder: trainers share it, a preparation holds it alone. Returns the lock's descriptor
+    (None without fcntl: Windows), or raises DataError(refusal)."""
     try:
         import fcntl
     except ImportError:
@@ -524,7 +522,7 @@ def load(data_dir, name, block_size):
                             f"tokens of text ({meta['tokenizer']}) hold {text:,}"
                             + (f" to {most * text:,}" if most > 1 else '') + f"; bits per byte would be wrong: {again}")
         splits[split] = fn
-    meta['fingerprint'], listed = fingerprint(splits), meta.get('fingerprint')  # (older preparations: none listed)
+    meta['fingerprint'], listed = fingerprint(splits), meta.get('fingerprint')
     if listed not in (None, meta['fingerprint']):
         raise DataError(f"{path}/'s token files are not those meta.json lists (their fingerprint differs): they "
                         f"changed after preparation; {again}")
@@ -532,8 +530,8 @@ def load(data_dir, name, block_size):
 
 
 def windows(path, block_size, rank=0, world_size=1, n=64):
-    """Every token of a split once: non-overlapping windows of block_size inputs and their next tokens, the last
-    one shorter. Yields (x, y) int64 arrays of up to n windows; under DDP each rank takes every world_size-th."""
+    """Every token of a split once, in non-overlapping windows of block_size (the last one shorter): (x, y) int64
+    arrays of up to n windows; under DDP each rank takes every world_size-th."""
     data = np.fromfile(path, dtype=np.uint16).astype(np.int64)
     starts = list(range(0, len(data) - 1, block_size))[rank::world_size]
     full = [i for i in starts if i + block_size < len(data)]

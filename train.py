@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-# Ctrl-C: one line and exit code 130, from the first line on; a checkpoint being written is finished first
+# Ctrl-C: one line and exit code 130; a checkpoint being written is finished first
 phase, iter_num, saved_iter, saving, interrupted = 'before training', 0, None, False, False
 master = os.environ.get('RANK', '0') == '0'  # rank 0 logs, saves and speaks
 
@@ -114,8 +114,8 @@ defaults |= {k: getattr(GPTConfig, k) for k in MODEL_KEYS if k not in defaults}
 CHOICES = dict(attn=attn_names(), pos=POS, preset=('',) + tuple(PRESETS), init_from=('scratch', 'resume'),
                dtype=('auto', 'float32', 'bfloat16', 'float16'))
 POSITIVE = 'batch_size block_size gradient_accumulation_steps eval_interval eval_iters log_interval learning_rate'
-BELOW = dict(beta1=1, beta2=1, seed=2 ** 63 - 1024, max_iters=10 ** 9, sample_tokens=2 ** 20)  # numbers: finite,
-# >= 0 (POSITIVE: > 0), < these; loops a run could never finish are refused, those per rank counted in sequences:
+# numbers are finite, >= 0 (POSITIVE: > 0) and below BELOW; PER_RANK loops read at most MAX_SEQUENCES sequences
+BELOW = dict(beta1=1, beta2=1, seed=2 ** 63 - 1024, max_iters=10 ** 9, sample_tokens=2 ** 20)
 PER_RANK, MAX_SEQUENCES = dict(eval_iters='an estimate', gradient_accumulation_steps='an iteration'), 2 ** 20
 LOCAL_KEYS = 'out_dir init_from eval_only device sample sample_tokens preset'.split()
 
@@ -124,7 +124,7 @@ def shutdown(code):  # every exit
     if dist.is_initialized():
         dist.destroy_process_group()
         sys.stdout.flush(), sys.stderr.flush()
-        os._exit(code)  # skip the teardown, where gloo's threads can abort (pytorch/pytorch#179291)
+        os._exit(code)  # skip the teardown, where gloo's threads can abort
     sys.exit(code)
 
 
@@ -137,7 +137,7 @@ def why(e):  # an exception, in a few words
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]}"
 
 
-def args_sha256(model_args):  # saved with the weights: an entry or qk_steps edited later is caught (same shapes)
+def args_sha256(model_args):  # saved with the weights: catches model_args edited later
     return hashlib.sha256(json.dumps(model_args, sort_keys=True).encode()).hexdigest()
 
 
@@ -154,7 +154,7 @@ def parse_value(key, text):
     return value
 
 
-def check(settings):  # flags' values; the types of a checkpoint's settings
+def check(settings):  # flags' values, and a checkpoint's settings' types
     for k, v in settings.items():
         kind, low = type(defaults[k]), '> 0' if k in POSITIVE.split() else '>= 0'
         if (not isinstance(v, (int, float) if kind is float else kind) or (k in CHOICES and v not in CHOICES[k])
@@ -165,7 +165,7 @@ def check(settings):  # flags' values; the types of a checkpoint's settings
         if kind in (int, float) and not (0 <= v < BELOW.get(k, math.inf) and (v > 0 or low == '>= 0')):
             die(f"--{k} must be {low}{f' and < {BELOW[k]:,}' if k in BELOW else ''} and finite, got {v}"
                 + ('' if k in given else " (the checkpoint's value: give the flag)"))
-    for k, what in PER_RANK.items():  # sequences a rank reads: all of them, or its share where the ranks split them
+    for k, what in PER_RANK.items():
         if settings[k] * settings['batch_size'] > MAX_SEQUENCES:
             die(f"--{k}={settings[k]:,} x --batch_size={settings['batch_size']} is "
                 f"{settings[k] * settings['batch_size']:,} sequences per rank for {what}, a run that would not finish;"
@@ -191,7 +191,7 @@ if not out_dir.strip():
     die("--out_dir is empty; name a folder")
 check(settings)
 
-# a run owns its out_dir: the folder itself flocked (not on Windows) until the process ends; train.lock says by whom
+# a run owns its out_dir: the folder is flocked (not on Windows) until the process ends; train.lock says by whom
 trains = not (settings['eval_only'] or settings['sample'])
 phase = 'before training' if trains else 'read only'
 if trains and master:
@@ -199,7 +199,7 @@ if trains and master:
         os.makedirs(out_dir, exist_ok=True)
         with suppress(ImportError):
             import fcntl
-            lock = os.open(out_dir, os.O_RDONLY)  # the folder: a lock on a file inside goes with the file's deletion
+            lock = os.open(out_dir, os.O_RDONLY)  # the folder: a file inside could be deleted
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -222,7 +222,7 @@ if trains and master:
             die(f"{log_path} is not a file; move it out of the way, or train in another --out_dir")
         if settings['init_from'] == 'scratch' and os.path.isfile(log_path) and os.path.getsize(log_path):
             kept = next(f"{log_path}.{i}" for i in range(1, 10 ** 6) if not os.path.exists(f"{log_path}.{i}"))
-            os.replace(log_path, kept)  # an earlier run's records (its checkpoint gone): kept, out of the report
+            os.replace(log_path, kept)  # an earlier run's records, its checkpoint gone
             print(f"note: {log_path} held an earlier run's records; kept as {kept}")
         with suppress(OSError):
             os.remove(ckpt_path + '.tmp')  # a save cut short
@@ -252,32 +252,32 @@ if settings['init_from'] == 'resume' or not trains:
         die(f"{ckpt_path} cannot be read ({why(e)}); it is corrupt or not from train.py")
     clash = [f"--{k}={given[k]!r} here but {ckpt_args[k]!r} in the checkpoint" for k in MODEL_KEYS
              if k in given and k in ckpt_args and ckpt_args[k] != given[k]]
-    if trains and 'seed' in given and given['seed'] != taken.get('seed', given['seed']):  # (its RNG state continues)
+    if trains and 'seed' in given and given['seed'] != taken.get('seed', given['seed']):
         clash.append(f"--seed={given['seed']} here but the run started with seed {taken['seed']}")
     if clash:
         die(f"{ckpt_path} holds a different run: {'; '.join(clash)}; drop those flags, or train in another --out_dir")
     settings |= {k: v for k, v in taken.items() if k not in given}
     check(settings)
-    # the checkpoint's own fields, checked as flags are: counts are ints >= 0 (world_size >= 1), numbers finite, >= 0
+    # the checkpoint's own fields: counts are ints >= 0 (world_size >= 1), numbers finite, >= 0
     counts, rngs = {k: checkpoint.get(k) for k in ('iter_num', 'tokens', 'world_size')}, checkpoint.get('rng')
     bad = [f"{k}={v!r}" for k, v in counts.items() if type(v) is not int or v < (k == 'world_size')]
     bad += [f"{k}={checkpoint.get(k)!r}" for k in ('train_time', 'best_val_loss')
             if type(checkpoint.get(k)) not in (int, float) or not 0 <= checkpoint[k] < math.inf]
-    ran_to = dict(checkpoint['config']).get('max_iters')  # what it was set to; a resume to train longer says more
-    if type(ran_to) is not int:  # (True is not a count)
+    ran_to = dict(checkpoint['config']).get('max_iters')
+    if type(ran_to) is not int:
         bad.append(f"max_iters={ran_to!r}")
     elif not bad and counts['iter_num'] > ran_to:
         bad.append(f"iter_num={counts['iter_num']} is past its max_iters={ran_to}")
     if not isinstance(checkpoint.get('fingerprint'), (str, type(None))):
         bad.append(f"fingerprint={checkpoint['fingerprint']!r}")
-    if checkpoint.get('args_sha256') not in (None, args_sha256(ckpt_args)):  # (older checkpoints: none saved)
+    if checkpoint.get('args_sha256') not in (None, args_sha256(ckpt_args)):
         bad.append(f"its model_args (attn={ckpt_args.get('attn')!r}, qk_steps={ckpt_args.get('qk_steps')!r}) are "
                    "not those its weights were saved with")
     if bad or not (isinstance(rngs, list) and len(rngs) == counts['world_size']
                    and all(isinstance(r, dict) and {'batches', 'torch'} <= set(r) for r in rngs)):
         die(f"{ckpt_path} is corrupt: " + (', '.join(bad) or "it lacks a random state per rank")
             + "; resume from an intact copy, or train in another --out_dir")
-    if trains and settings['max_iters'] < saved_iter:  # (it would save a checkpoint past its own max_iters)
+    if trains and settings['max_iters'] < saved_iter:
         die(f"--max_iters={settings['max_iters']} is below the checkpoint's iteration {saved_iter}; give a larger "
             "--max_iters to train longer, or --eval_only=True to evaluate it")
 config = settings  # saved in the checkpoint
@@ -304,11 +304,9 @@ print0 = print if master else (lambda *a, **k: None)
 dtype = autocast_dtype(device) if dtype == 'auto' else dtype
 autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
 torch.manual_seed(seed + rank)  # each rank its own dropout
-# float32 matmuls on TF32 tensor cores (Ampere on); sets the legacy and the new flag alike on every torch
-# (the new fp32_precision alone: unknown before 2.9, at odds with Inductor's reads of allow_tf32 after)
-torch.set_float32_matmul_precision('high')
+torch.set_float32_matmul_precision('high')  # float32 matmuls on TF32 tensor cores (Ampere on)
 try:
-    peak = peak_flops(device)  # for MFU: model.GPU_PEAK_FLOPS, or $GPU_PEAK_TFLOPS
+    peak = peak_flops(device)  # for MFU
 except ValueError as e:
     die(str(e))
 
@@ -324,7 +322,7 @@ if checkpoint is not None and ckpt_args['vocab_size'] != meta['vocab_size']:
 trained_on = checkpoint and os.path.join(*(dict(checkpoint['config']).get(k, v) for k, v in (('data_dir', data_dir),
                                                                                               ('dataset', dataset))))
 if checkpoint is not None and not sample and checkpoint.get('fingerprint') not in (None, meta['fingerprint']):
-    if trained_on != os.path.join(data_dir, dataset):  # --dataset or --data_dir named another corpus
+    if trained_on != os.path.join(data_dir, dataset):
         die(f"{ckpt_path} was trained on {trained_on} (corpus fingerprint {checkpoint['fingerprint'][:12]}), not on "
             f"{data_dir}/{dataset} ({meta['fingerprint'][:12]}); drop --dataset and --data_dir, or name its corpus")
     die(f"{ckpt_path} was trained on {data_dir}/{dataset} as it was then (corpus fingerprint "
@@ -337,9 +335,8 @@ def to_device(t):  # CUDA: from pinned memory, so the copy does not block the ho
     return t.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else t.to(device)
 
 
-def get_batch(split, gen, part=slice(None), n=None):  # n starts drawn (batch_size by default)
-    # a new memmap every batch: a long-lived one leaks memory. part: the sequences built (none: (0, T)); the batch's
-    # starts are drawn whole, so gen moves on as for the whole batch
+def get_batch(split, gen, part=slice(None), n=None):  # n starts drawn (batch_size by default), part of them built
+    # a new memmap every batch: a long-lived one leaks memory. All n starts are drawn: gen moves on as for the batch
     data = np.memmap(splits[split], dtype=np.uint16, mode='r')
     ix = torch.randint(len(data) - block_size - 1, (n or batch_size,), generator=gen)[part]
     at = ix.numpy()[:, None] + np.arange(block_size)  # (B, T) positions
@@ -357,7 +354,7 @@ try:
 except ValueError as e:
     die(str(e))
 unread = [f"--{k}" for k in given if k.startswith('qk_') and k not in qk_flags_read(model.config)]
-if unread and master:  # e.g. --qk_dt for a map with no step size: said, not silently ignored
+if unread and master:  # e.g. --qk_dt for a map with no step size
     print(f"note: {', '.join(unread)} {'is' if len(unread) == 1 else 'are'} not read by --attn={model.config.attn}")
 if checkpoint is not None:
     try:
@@ -366,15 +363,14 @@ if checkpoint is not None:
         die(f"{ckpt_path} does not fit its model ({why(e)}); it is corrupt, or from another version of model.py")
 model.to(device)
 raw_model = model  # evaluation and sampling run it eager
-compiled, failed = compile and trains, None  # compile: the training step only
+compiled, failed = compile and trains, None
 if compiled:
     print0("compiling the model...")
     try:
         model = torch.compile(model)  # lazy: its first call compiles
     except Exception as e:  # e.g. a Python version Dynamo does not support yet
         failed = e
-if ddp:  # around the compiled model, as PyTorch's docs say: its first call compiles inside DDP, whose optimizer splits
-    # the graph at DDP's gradient buckets, so that their all-reduce overlaps the backward
+if ddp:  # around the compiled model, as PyTorch's docs say: the graph splits at DDP's gradient buckets
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
 if compiled:
     if failed is None:
@@ -385,7 +381,7 @@ if compiled:
             failed = e
         raw_model.zero_grad(set_to_none=True)
     if failed is not None:
-        failed = getattr(failed, 'inner_exception', failed)  # the error inside Dynamo's BackendCompilerFailed
+        failed = getattr(failed, 'inner_exception', failed)  # inside Dynamo's BackendCompilerFailed
         print(f"warning: torch.compile failed{f' on rank {rank}' if ddp else ''} ({why(failed)}); running eager")
     ok = torch.tensor(float(failed is None), device=device)
     if ddp:  # one rank failed: all run eager
@@ -425,15 +421,14 @@ def perplexity(loss):  # inf for a diverged run, not an OverflowError
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss over the evaluation set: eval_iters batches from one seed, the same at every eval and in every run.
-    Its eval_iters x batch_size sequences are split across the ranks (rank r: the r-th of world_size slices, which
-    may be empty); one all-reduce per split. One process computes it as eval_iters whole batches."""
+    """Mean loss over eval_iters batches from one seed, the same at every eval and in every run; under DDP rank r
+    takes the r-th of world_size slices of its sequences (maybe none), and one all-reduce per split sums them."""
     out, n = {}, eval_iters * batch_size
     lo, hi = rank * n // world_size, (rank + 1) * n // world_size  # this rank's sequences of the set
     raw_model.eval()
     for split in ('train', 'val'):
         gen, losses = torch.Generator().manual_seed(10_000), torch.zeros(eval_iters, device=device)
-        for k in range(eval_iters):  # batch k: the set's sequences k B .. k B + B - 1; this rank's a..b of them
+        for k in range(eval_iters):  # batch k: sequences k B .. k B + B - 1, this rank's a..b of them
             a, b = (min(max(i - k * batch_size, 0), batch_size) for i in (lo, hi))
             x, y = get_batch(split, gen, slice(a, b))
             if b > a:
@@ -441,7 +436,7 @@ def estimate_loss():
                     losses[k] = raw_model(x, y)[1].float() * ((b - a) / batch_size)  # its share of batch k's mean
         if ddp:
             dist.all_reduce(losses)  # (eval_iters,): each batch's mean loss, its ranks' shares summed
-        out[split] = losses.cpu().mean().item()  # the mean on the host, as one process always took it
+        out[split] = losses.cpu().mean().item()  # on the host, as one process takes it
     raw_model.train()
     return out
 
@@ -470,7 +465,7 @@ def full_eval():
 
 def write_sample(prompt):
     """sample_tokens tokens after prompt ('': a document's start): temperature 0.8, top 200."""
-    tok = prepare_data.get_tokenizer(meta['tokenizer'])  # GPT-2's files may need a download
+    tok = prepare_data.get_tokenizer(meta['tokenizer'])
     ids = tok['encode']([prompt])[0].tolist() if prompt else [tok['eot']]
     torch.manual_seed(seed)
     idx = torch.tensor([ids[-block_size:]], dtype=torch.long, device=device)
@@ -490,10 +485,10 @@ if sample:
         die(f"cannot sample: {e}")
     shutdown(0)
 if eval_only:
-    ended, best = max_iters, not always_save_checkpoint  # where the run ended: its log's final record, if it has one
+    ended, best = max_iters, not always_save_checkpoint  # where the run ended: its log's final record
     with suppress(OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
         end = [r for r in map(json.loads, open(os.path.join(out_dir, 'metrics.jsonl'))) if r['event'] == 'final'][-1]
-        if end['iter'] >= saved_iter:  # (not a record older than the checkpoint)
+        if end['iter'] >= saved_iter:
             ended, best = end['iter'], end['model_iter'] == saved_iter
     print0(f"{ckpt_path} holds the model of iteration {saved_iter} of {ended}" + (
         ", the run's best estimate (--always_save_checkpoint=False)" if best and saved_iter != ended else ''))
@@ -504,17 +499,17 @@ if eval_only:
 def save_checkpoint():
     global saving, saved_iter
     rngs = [dict(batches=batch_state, torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state(device)
-                 if device_type == 'cuda' else None)] * world_size  # each rank's: exact resume
+                 if device_type == 'cuda' else None)] * world_size  # each rank's, for an exact resume
     if ddp:
         dist.all_gather_object(rngs, rngs[rank])
     if not master:
-        saved_iter = iter_num  # rank 0 saves it
+        saved_iter = iter_num
         return
     ckpt = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), model_args=model_args, rng=rngs,
                 iter_num=iter_num, best_val_loss=best_val_loss, train_time=train_time, tokens=tokens, config=config,
                 world_size=world_size, fingerprint=meta['fingerprint'], val_loss=saved_val,
                 args_sha256=args_sha256(model_args))
-    saving, mask = True, getattr(signal, 'pthread_sigmask', lambda *a: None)  # a Ctrl-C now waits for the save
+    saving, mask = True, getattr(signal, 'pthread_sigmask', lambda *a: None)
     try:
         torch.save(ckpt, ckpt_path + '.tmp')
         mask(signal.SIG_BLOCK, {signal.SIGINT})  # no Ctrl-C between the rename and saved_iter
@@ -533,7 +528,7 @@ def save_checkpoint():
 def log(record):  # a whole line appended; on a full disk, cut back, and the run stops
     if master:
         line = (json.dumps(record) + '\n').encode()
-        with open(os.path.join(out_dir, 'metrics.jsonl'), 'ab', buffering=0) as f:  # nothing left to flush
+        with open(os.path.join(out_dir, 'metrics.jsonl'), 'ab', buffering=0) as f:
             size, written = f.seek(0, os.SEEK_END), 0
             try:
                 while written < len(line):
@@ -551,7 +546,7 @@ def check_losses():  # losses since the last check; stop before any save at a no
     global pending
     losses = torch.stack(pending).float()
     bad = (~torch.isfinite(losses)).any().float()
-    if ddp:  # all ranks stop together (one alone would hang the others), also when the launcher is gone
+    if ddp:  # all ranks stop together, also when torchrun is gone
         flags = torch.stack([bad, torch.tensor(float(os.getppid() != launcher), device=bad.device)])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         bad, gone = flags.tolist()
@@ -566,7 +561,7 @@ def check_losses():  # losses since the last check; stop before any save at a no
 
 
 def not_finite(at, value):
-    log(dict(event='diverged', iter=at))  # bench.py --report counts it
+    log(dict(event='diverged', iter=at))
     die(f"the loss is not finite at iteration {at} (here: {value}); stopped before saving. Lower --learning_rate "
         f"or use --dtype=float32; {resume_hint()}", code=3)
 
@@ -586,9 +581,9 @@ def get_lr(it):
 if peak is None and device_type == 'cuda':
     print0(f"note: no MFU: {torch.cuda.get_device_name(device)!r} is not in model.GPU_PEAK_FLOPS; set GPU_PEAK_TFLOPS "
            "to its dense bf16 TFLOP/s")
-try:  # without a peak (CPU) no FLOP price is needed
+try:  # only MFU needs a FLOP price
     flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter / world_size if peak else None
-except ValueError as e:  # a variant without a price, where MFU needs one
+except ValueError as e:
     die(str(e))
 log(dict(event='start', iter=iter_num, tokens=tokens, config=config, params=raw_model.get_num_params(),
          qk_params=sum(p.numel() for p in raw_model.qk_parameters()), world_size=world_size, compiled=compiled,
@@ -601,7 +596,7 @@ while True:
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
         group['lr'] = lr
-    if time_budget > 0 and iter_num % log_interval == 0:  # at log steps; rank 0's clock decides for all
+    if time_budget > 0 and iter_num % log_interval == 0:  # rank 0's clock decides for all
         flag = torch.tensor(float(train_time >= time_budget), device=device)
         if ddp:
             dist.broadcast(flag, 0)
@@ -611,14 +606,13 @@ while True:
         if pending:
             check_losses()  # a model gone non-finite is never saved
         losses = estimate_loss()
-        if ddp:  # rank 0's estimates decide for all (whether to save, the best loss): ranks may differ in a bit
+        if ddp:  # rank 0's estimates decide for all: ranks may differ in a bit
             est = torch.tensor([losses['train'], losses['val']], device=device)
             dist.broadcast(est, 0)
             losses = dict(train=est[0].item(), val=est[1].item())
         if not all(math.isfinite(v) for v in losses.values()):  # the last update broke it
             not_finite(iter_num, losses['val'])
-        # the diagnostics' batch: 8,192 val tokens whatever the batch or world size (the nonlinear fit's floor);
-        # the attention statistics read its first few sequences
+        # the diagnostics' batch: 8,192 val tokens whatever the batch or world size (the nonlinear fit's floor)
         diag = master and diag_interval and (iter_num // eval_interval % diag_interval == 0 or last)
         x = get_batch('val', torch.Generator().manual_seed(10_000), n=-(-8192 // block_size))[0] if diag else None
         qk, att = (qk_diagnostics(raw_model, x), attention_diagnostics(raw_model, x)) if diag else ([], [])
@@ -676,8 +670,8 @@ while True:
 # ---- the end: full-split evaluation, a sample
 
 phase = 'final'
-model_iter, model_tokens = iter_num, tokens  # the model the final evaluation scores: the last weights, or ...
-if saved_iter is not None and saved_iter != iter_num:  # ... the best-only checkpoint's, an earlier and better one
+model_iter, model_tokens = iter_num, tokens  # the model the final evaluation scores: the last weights, or
+if saved_iter is not None and saved_iter != iter_num:  # the best-only checkpoint's
     if ddp:
         dist.barrier()  # rank 0 has written it
     best = torch.load(ckpt_path, map_location=device, weights_only=True)
