@@ -404,8 +404,9 @@ def plot_curves(rows, path):
     panel per corpus."""
     matplotlib, plt = pyplot()
     corpora = sorted({c for c, _ in rows})
-    colors = {name: f"C{i % 10}" for i, name in enumerate(sorted({name for _, name in rows}))}  # one per variant
-    fig, axes = plt.subplots(1, len(corpora), figsize=(4.2 * len(corpora), 3.6), squeeze=False)
+    names = sorted({name for _, name in rows})  # a colour per variant: 10 by default, 20 when there are more
+    colors = {name: f"C{i}" if len(names) <= 10 else plt.get_cmap('tab20')(i % 20) for i, name in enumerate(names)}
+    fig, axes = plt.subplots(1, len(corpora), figsize=(5 * len(corpora), 4.2), squeeze=False)
     for ax, corpus in zip(axes[0], corpora):
         for (c, name), row in sorted(rows.items(), key=lambda kv: kv[0][1]):
             if c != corpus or not curve(row):
