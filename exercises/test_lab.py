@@ -438,11 +438,13 @@ def test_lab_answer_1_the_pendulum_holds_its_numbers_and_formulas(lab):
     assert number_in(r"factor is ([\d.]+) at every halving", answer) == halving['leapfrog'][0][0]
     # correction F: leapfrog's bound needs a small dt (unstable past 2 for the spring), a bounded orbit (V = -q^2/2:
     # the modified energy k^2/2 + c (1 - c dt^2/4) q^2/2 is kept, H is not); the model takes one step by default
-    assert number_in(r'unstable once `dt > (\d+)`', answer) == 2
+    assert number_in(r'unstable once `dt >= (\d+)`', answer) == 2  # from dt = 2 on: there J is a Jordan block
 
     def worst_energy_error(h, steps=400):  # the spring's H = (k^2 + c q^2)/2
         return energy_error(h, lambda q, k: (k ** 2 + h.c * q ** 2) / 2, steps)
     assert worst_energy_error(spring('leapfrog', 1.9))[0] < 10 < 1e6 < worst_energy_error(spring('leapfrog', 2.1))[0]
+    J = torch.tensor([[1 - 2.0 ** 2 / 2, 2.0], [-2.0 * (1 - 2.0 ** 2 / 4), 1 - 2.0 ** 2 / 2]])  # the step at dt = 2
+    assert torch.linalg.matrix_power(J, 10).tolist() == [[1, -20], [0, 1]]  # a Jordan block: orbits grow linearly
     runaway, inverted = worst_energy_error(spring('leapfrog', 0.1, c=-1.0), 40), worst_energy_error(
         spring('leapfrog', 0.1, c=-1.0), 80)
     assert inverted[0] > 10 * runaway[0] and inverted[1] > 10 * runaway[1]  # grows with q^2 as the orbit runs away
