@@ -193,7 +193,7 @@ class Hamiltonian(nn.Module):
         q, k = (x.transpose(0, 1).reshape(nh, B * T, hs) for x in (q, k))
         for _ in range(self.steps):
             out = self.step(q, k, dt)
-            if len(out) != 2:
+            if len(out) != 2:  # a step hands nothing on to the next (a kick to reuse, say)
                 raise TypeError(f"integrator {self.integrator!r}: a step returns (q, k), not {len(out)} values")
             q, k = out
         return tuple(x.view(nh, B, T, hs).transpose(0, 1) for x in (q, k))  # (B, nh, T, hs)

@@ -252,7 +252,7 @@ if settings['init_from'] == 'resume' or not trains:
         die(f"{ckpt_path} cannot be read ({why(e)}); it is corrupt or not from train.py")
     clash = [f"--{k}={given[k]!r} here but {ckpt_args[k]!r} in the checkpoint" for k in MODEL_KEYS
              if k in given and k in ckpt_args and ckpt_args[k] != given[k]]
-    if trains and 'seed' in given and given['seed'] != taken.get('seed', given['seed']):
+    if trains and 'seed' in given and given['seed'] != taken.get('seed', given['seed']):  # (its RNG state continues)
         clash.append(f"--seed={given['seed']} here but the run started with seed {taken['seed']}")
     if clash:
         die(f"{ckpt_path} holds a different run: {'; '.join(clash)}; drop those flags, or train in another --out_dir")
@@ -264,13 +264,13 @@ if settings['init_from'] == 'resume' or not trains:
     bad += [f"{k}={checkpoint.get(k)!r}" for k in ('train_time', 'best_val_loss')
             if type(checkpoint.get(k)) not in (int, float) or not 0 <= checkpoint[k] < math.inf]
     ran_to = dict(checkpoint['config']).get('max_iters')
-    if type(ran_to) is not int:
+    if type(ran_to) is not int:  # (True is not a count)
         bad.append(f"max_iters={ran_to!r}")
     elif not bad and counts['iter_num'] > ran_to:
         bad.append(f"iter_num={counts['iter_num']} is past its max_iters={ran_to}")
     if not isinstance(checkpoint.get('fingerprint'), (str, type(None))):
         bad.append(f"fingerprint={checkpoint['fingerprint']!r}")
-    if checkpoint.get('args_sha256') not in (None, args_sha256(ckpt_args)):
+    if checkpoint.get('args_sha256') not in (None, args_sha256(ckpt_args)):  # (older checkpoints: none)
         bad.append(f"its model_args (attn={ckpt_args.get('attn')!r}, qk_steps={ckpt_args.get('qk_steps')!r}) are "
                    "not those its weights were saved with")
     if bad or not (isinstance(rngs, list) and len(rngs) == counts['world_size']
@@ -488,7 +488,7 @@ if eval_only:
     ended, best = max_iters, not always_save_checkpoint  # where the run ended: its log's final record
     with suppress(OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
         end = [r for r in map(json.loads, open(os.path.join(out_dir, 'metrics.jsonl'))) if r['event'] == 'final'][-1]
-        if end['iter'] >= saved_iter:
+        if end['iter'] >= saved_iter:  # (not a record older than the checkpoint)
             ended, best = end['iter'], end['model_iter'] == saved_iter
     print0(f"{ckpt_path} holds the model of iteration {saved_iter} of {ended}" + (
         ", the run's best estimate (--always_save_checkpoint=False)" if best and saved_iter != ended else ''))
@@ -503,13 +503,13 @@ def save_checkpoint():
     if ddp:
         dist.all_gather_object(rngs, rngs[rank])
     if not master:
-        saved_iter = iter_num
+        saved_iter = iter_num  # rank 0 saves it
         return
     ckpt = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), model_args=model_args, rng=rngs,
                 iter_num=iter_num, best_val_loss=best_val_loss, train_time=train_time, tokens=tokens, config=config,
                 world_size=world_size, fingerprint=meta['fingerprint'], val_loss=saved_val,
                 args_sha256=args_sha256(model_args))
-    saving, mask = True, getattr(signal, 'pthread_sigmask', lambda *a: None)
+    saving, mask = True, getattr(signal, 'pthread_sigmask', lambda *a: None)  # a Ctrl-C now waits for the save
     try:
         torch.save(ckpt, ckpt_path + '.tmp')
         mask(signal.SIG_BLOCK, {signal.SIGINT})  # no Ctrl-C between the rename and saved_iter
