@@ -302,6 +302,9 @@ def rows_of(folders):
     if not runs:
         sys.exit(f"error: no finished train.py runs in {', '.join(folders)}; name run folders (--out_dir of train.py)")
     rows, notes = group_runs(runs)
+    notes += [f"note: {c}/{name}: a folder named {row['label']} holds {row['kind'].get('attn')} runs; the table "
+              f"compares them as {row['kind'].get('attn')}" for (c, name), row in rows.items()
+              if row['label'] in attn_names() and row['label'] != row['kind'].get('attn')]
     ppl = {}
     for (corpus, name), row in rows.items():
         seeds = by_seed(row['runs'])
@@ -316,13 +319,14 @@ def results_table(rows, ppl):
     print("| corpus | variant | seeds | val ppl (full split, mean +- std) | vs standard | standard tokens to match "
           "| nonlinear | dt | tokens | ms/iter |\n|---|---|---|---|---|---|---|---|---|---|")
     used = set()
-    order = sorted(rows, key=lambda k: (k[0], rows[k]['label'] != 'standard', mean(ppl[k])))
+    standard = lambda k: rows[k]['kind'].get('attn') == 'standard'  # noqa: E731  (what it trained, not its name)
+    order = sorted(rows, key=lambda k: (k[0], not standard(k), mean(ppl[k])))
     for corpus, name in order:
         row = rows[(corpus, name)]
         p, tokens = ppl[(corpus, name)], row['kind']['tokens']
-        base = min((k for k, b in rows.items() if k[0] == corpus and b['label'] == 'standard'
-                    and agree(b['kind'], row['kind'], BASE)),
-                   key=lambda k: rows[k]['kind']['tokens'] != tokens, default=None)  # same tokens first
+        base = min((k for k in rows if k[0] == corpus and standard(k) and agree(rows[k]['kind'], row['kind'], BASE)),
+                   key=lambda k: (rows[k]['label'] != 'standard', rows[k]['kind']['tokens'] != tokens, k[1]),
+                   default=None)  # the row named standard first, then one of the same tokens
         rel = '-'
         if base and finished(p):
             rel = f"{100 * (finite_mean(p) / finite_mean(ppl[base]) - 1):+.1f}%"

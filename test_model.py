@@ -3078,6 +3078,18 @@ def test_report_counts_each_run_once(tmp_path, capsys, monkeypatch):
     assert rows['standard'][2] == '1' and 'pydocs/coupled: 2 runs share seed 1' in err
 
 
+def test_report_compares_with_the_runs_that_trained_standard_whatever_their_folders_are_named(tmp_path, capsys,
+                                                                                                 monkeypatch):
+    fake_run(tmp_path / 'standard', [(0, 5.0), (128, 3.0)], 9.0, attn='coupled')  # a coupled run, misnamed
+    fake_run(tmp_path / 'baseline', [(0, 5.0), (128, 3.0)], 10.0)  # the real standard run
+    code, out, err = bench_report(capsys, monkeypatch, f'--report={tmp_path}')
+    assert code == 0, err
+    rows = report_rows(out)
+    assert rows['baseline'][4] == '+0.0%' and rows['standard'][4] == '-10.0%'  # vs the run that trained standard
+    assert list(rows).index('baseline') < list(rows).index('standard')  # standard attention's row first
+    assert 'pydocs/standard: a folder named standard holds coupled runs' in err
+
+
 def test_report_never_averages_two_corpora_and_says_which_model_and_run_it_reads(tmp_path, capsys, monkeypatch):
     runs, a, b = tmp_path / 'runs', 'a' * 64, 'b' * 64
     fake_run(runs / 'standard-s1', [(0, 5.0), (128, 3.0)], 8.0, fingerprint=a)

@@ -3,13 +3,15 @@
 Run from the repository root:
     python exercises/ex6_train.py mine coupled --seeds 1           in class: 2 runs, about 5 minutes on 2 cores
     python exercises/ex6_train.py                                   homework: 9 runs, about 15 minutes on 2 cores
-A run folder that holds a run already (runs/mine/<attn>-s<seed>) is kept, unless the step it trained with changed
-since (a hash of the integrator's source, in <run>/step.txt): then it is trained again.
+A run folder that holds a run already (runs/mine/<attn>-s<seed>) is kept, unless what it trained with changed since:
+the step's source, the source of every model.py function and constant the step names, and train.py's flags (a hash
+in <run>/step.txt). Then it is trained again. A run folder a train.py is still writing is left alone.
 Flags after -- go to every train.py (e.g. -- --dataset=shakespeare); --runs names another folder than runs/mine."""
 import argparse
 import hashlib
 import inspect
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROTOCOL = "--max_iters=500 --eval_interval=100 --eval_iters=20 --log_interval=100"  # the results' protocol
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not the usage block
+        sys.exit(f"error: {message}; see python exercises/ex6_train.py --help")
+
+
+parser = Parser(description=__doc__.splitlines()[0])
 parser.add_argument('attn', nargs='*', default=['mine', 'coupled', 'standard'])
 parser.add_argument('--seeds', nargs='+', type=int, default=[1, 2, 3])
 parser.add_argument('--runs', default=os.path.join('runs', 'mine'))
@@ -27,6 +35,8 @@ args, extra = parser.parse_known_args()
 extra = [a for a in extra if a != '--']
 if args.jobs < 1:
     sys.exit(f"error: --jobs {args.jobs}: give 1 or more runs at a time (default 2, one a core)")
+if args.jobs > (os.cpu_count() or 1):
+    print(f"note: --jobs {args.jobs} on {os.cpu_count()} cores: the runs share them, each slower")
 sys.path.insert(0, ROOT)
 try:
     import model  # the model.py a run trains: yours, with `mine` appended
@@ -35,42 +45,95 @@ except Exception as e:  # a step that does not even import, such as a SyntaxErro
              "`git checkout model.py`")
 
 
+def source(obj, seen):
+    """obj's source, then that of every model.py function, class and constant its code names, each once."""
+    if id(obj) in seen:
+        return ''
+    seen.add(id(obj))
+    text, codes, names = inspect.getsource(obj), [], set()
+    codes = [obj.__code__] if inspect.isfunction(obj) else [f.__code__ for f in vars(obj).values()
+                                                             if inspect.isfunction(f)]
+    while codes:  # the code, and the code inside it (lambdas, inner functions)
+        code = codes.pop()
+        names |= set(code.co_names)
+        codes += [c for c in code.co_consts if inspect.iscode(c)]
+    for name in sorted(names):
+        value = vars(model).get(name)
+        if (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ == model.__name__:
+            text += source(value, seen)
+        elif type(value) in (int, float, complex, str, tuple, list, dict) and ' at 0x' not in repr(value):
+            text += f"{name} = {value!r}\n"  # a constant, such as Yoshida's coefficients
+    return text
+
+
 def step_source(attn):
-    """The source of the step `attn` trains with, its integrator's and the force's name ('' without one)."""
+    """The source of what `attn` trains with beyond standard attention: its integrator's step and its force (or its
+    map's class), with what they call in model.py ('' for standard and diff)."""
     name = attn.removeprefix('diff+')
     if name in ('standard', 'diff'):
         return ''
     if name not in model.QK_TRANSFORMS:
-        sys.exit(f"error: --attn={attn} is unknown; choose one of {', '.join(model.attn_names())}")
-    spec = model.QK_TRANSFORMS[name]
+        hint = "; append the template first: cat exercises/ex6_mine.py >> model.py" if name == 'mine' else ''
+        sys.exit(f"error: --attn={attn} is unknown{hint}; choose one of {', '.join(model.attn_names())}")
+    spec, seen = model.QK_TRANSFORMS[name], set()
     built = spec.args(model.GPTConfig(attn=name))
     if 'integrator' not in built:  # a map with no integrator (uncoupled, invertible): its class
-        return inspect.getsource(spec.cls)
-    return inspect.getsource(model.INTEGRATORS[built['integrator']].step) + f"# force: {built['force']}\n"
+        return source(spec.cls, seen)
+    return source(model.INTEGRATORS[built['integrator']].step, seen) + source(model.FORCES[built['force']], seen)
 
 
 sources = {a: step_source(a) for a in args.attn}
 
 
+def held(out):
+    """None, or who holds out's lock: a train.py still writing it (train.py flocks its folder, and train.lock says
+    who). Checked before a run folder is deleted or written: two launchers must not share a run."""
+    try:
+        import fcntl
+        fd = os.open(out, os.O_RDONLY)
+    except (ImportError, OSError):  # Windows, or no folder yet
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except BlockingIOError:
+        try:
+            return open(os.path.join(out, 'train.lock')).read().strip() or 'its pid unknown'
+        except OSError:
+            return 'its pid unknown'
+    except OSError:  # a filesystem without flock: train.py's own check still refuses a second run
+        return None
+    finally:
+        os.close(fd)
+
+
 def train(attn, seed):
-    out, source = os.path.join(args.runs, f"{attn}-s{seed}"), sources[attn]
-    stamp = hashlib.sha256(source.encode()).hexdigest()[:12] + '\n' + source  # what <out>/step.txt records
+    out, flags = os.path.join(args.runs, f"{attn}-s{seed}"), [*PROTOCOL.split(), *extra]
+    record = f"train.py {' '.join(flags)}\n{sources[attn]}"  # what trained it: the flags, then the step's source
+    stamp = hashlib.sha256(record.encode()).hexdigest()[:12] + '\n' + record  # what <out>/step.txt records
+    who = held(out)
+    if who:
+        return f"{out}: in use by a running train.py ({who}); left alone: wait for it, or stop it, then run again"
     said = ''
     if os.path.exists(os.path.join(out, 'ckpt.pt')):
         try:
-            kept = open(os.path.join(out, 'step.txt')).read() if source else ''
+            kept = open(os.path.join(out, 'step.txt')).read()
         except OSError:
-            kept = None  # a run of an older launcher: its step is not known
-        if kept == (stamp if source else ''):
-            return f"{out}: holds a run of this step already, kept"
-        shutil.rmtree(out)  # a stale run: another step trained it, or one no record names
-        said = ('its step is not recorded' if kept is None else 'its step changed since') + ', trained again: '
+            kept = None  # a run of an older launcher: what trained it is not known
+        if kept == stamp:
+            return f"{out}: holds a run of this step and these flags already, kept"
+        old = re.match(r'[0-9a-f]{12}\ntrain\.py (.*)\n', kept or '')
+        why = ('its step and flags are not recorded' if not old else 'its flags changed since'
+               if old.group(1) != ' '.join(flags) else 'its step changed since')
+        shutil.rmtree(out)  # a stale run: another step or other flags trained it, or no record names them
+        said = f"{why}, trained again: "
     os.makedirs(args.runs, exist_ok=True)
     with open(out + '.log', 'w') as log:  # each run's output, beside its folder
         code = subprocess.call([sys.executable, os.path.join(ROOT, 'train.py'), f'--seed={seed}', f'--attn={attn}',
                                 *PROTOCOL.split(), f'--out_dir={out}', *extra], stdout=log, stderr=subprocess.STDOUT,
                                env=dict(os.environ, OMP_NUM_THREADS='1'))
-    if code == 0 and source:
+    if code == 0:
         with open(os.path.join(out, 'step.txt.tmp'), 'w') as f:  # atomically: a whole record or none
             f.write(stamp)
         os.replace(os.path.join(out, 'step.txt.tmp'), os.path.join(out, 'step.txt'))

@@ -698,6 +698,54 @@ def test_lab_answer_5_the_learned_model_holds_its_numbers_and_formulas(lab):
     assert model.config.bias is False and 'is therefore a lower bound' in answer
 
 
+def test_lab_exercise_6_launcher_retrains_what_changed_and_leaves_a_running_run_alone(tmp_path):
+    """ex6_train.py with stub train.py and bench.py (a run is a ckpt.pt): a run is kept only while its step, what the
+    step calls in model.py, and train.py's flags are the same; a folder a train.py holds is never deleted."""
+    import fcntl
+    repo = tmp_path / 'repo'
+    os.makedirs(repo / 'exercises')
+    shutil.copy(os.path.join(LAB, 'ex6_train.py'), repo / 'exercises')
+    open(repo / 'train.py', 'w').write(  # a stub run: its folder and a checkpoint; its calls counted
+        "import os, sys\nout = [a for a in sys.argv if a.startswith('--out_dir=')][0][10:]\n"
+        "os.makedirs(out, exist_ok=True); open(os.path.join(out, 'ckpt.pt'), 'w').close()\n"
+        "open('calls', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
+    open(repo / 'bench.py', 'w').write('')
+    helper = "\nHALF = 0.5\n\n\ndef half_kick(h, q, k, dt):\n    return k + h.force(q, HALF * dt)\n"
+    template = lab_text('ex6_mine.py').replace('k = k + h.force(q, dt / 2)', 'k = half_kick(h, q, k, dt)')
+    assert template.count('half_kick') == 2
+    write = lambda text: open(repo / 'model.py', 'w').write(  # noqa: E731
+        open(os.path.join(HERE, 'model.py')).read() + helper + text)
+    launch = lambda *flags: run(repo / 'exercises' / 'ex6_train.py', 'mine', '--seeds', '1', '--', *flags,  # noqa
+                                cwd=repo).stdout
+    write(template)
+    assert 'runs/mine/mine-s1: done' in launch()
+    assert 'holds a run of this step and these flags already, kept' in launch()
+    assert 'its flags changed since, trained again: done' in launch('--learning_rate=1e-2')
+    write(template.replace('return q, k', 'return q, k  # edited'))  # the step itself
+    assert 'its step changed since, trained again: done' in launch('--learning_rate=1e-2')
+    helper = helper.replace('HALF * dt', 'HALF * dt * 1.0')  # a function the step calls
+    write(template)
+    assert 'its step changed since, trained again: done' in launch('--learning_rate=1e-2')
+    helper = helper.replace('HALF = 0.5', 'HALF = 0.25')  # a constant that function reads
+    write(template)
+    assert 'its step changed since, trained again: done' in launch('--learning_rate=1e-2')
+    assert 'kept' in launch('--learning_rate=1e-2')
+    calls = open(repo / 'calls').read().splitlines()
+    assert len(calls) == 5 and all('--attn=mine' in c for c in calls)
+    # a run a train.py is writing: its folder locked (train.py flocks it) and train.lock naming it; never deleted
+    folder = repo / 'runs' / 'mine' / 'mine-s1'
+    open(folder / 'train.lock', 'w').write('pid 4242, started now')
+    os.remove(folder / 'step.txt')  # as a run still training has no record yet
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        out = launch('--learning_rate=1e-2')
+    finally:
+        os.close(fd)
+    assert 'mine-s1: in use by a running train.py (pid 4242, started now); left alone' in out, out
+    assert (folder / 'ckpt.pt').exists() and len(open(repo / 'calls').read().splitlines()) == 5
+
+
 def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_tabulates(lab, monkeypatch):
     # the template as if appended to model.py: its claims checked as `pytest -k mine` checks them
     assert 'mine' not in INTEGRATORS and 'mine' not in QK_TRANSFORMS  # a new name: a built-in's is refused
@@ -727,7 +775,8 @@ def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_t
     assert (runs / 'mine-s1' / 'ckpt.pt').exists() and (runs / 'mine-s1.log').exists()
     # run again: kept while `mine` is the same, trained again once it changed (the hash of its source, step.txt)
     assert all(r.returncode == 0 for r in again), [r.stderr[-2000:] for r in again]
-    assert 'runs/mine/mine-s1: holds a run of this step already, kept' in again[0].stdout, again[0].stdout
+    assert 'runs/mine/mine-s1: holds a run of this step and these flags already, kept' in again[0].stdout, \
+        again[0].stdout
     assert 'runs/mine/mine-s1: its step changed since, trained again: done' in again[1].stdout, again[1].stdout
     assert '# edited' in open(runs / 'mine-s1' / 'step.txt').read()
     # the answer's claims about the steps students pick: drift-kick-drift, Runge-Kutta
