@@ -320,13 +320,18 @@ def results_table(rows, ppl):
           "| nonlinear | dt | tokens | ms/iter |\n|---|---|---|---|---|---|---|---|---|---|")
     used = set()
     standard = lambda k: rows[k]['kind'].get('attn') == 'standard'  # noqa: E731  (what it trained, not its name)
-    order = sorted(rows, key=lambda k: (k[0], not standard(k), mean(ppl[k])))
+    named = {k[0] for k in rows if standard(k) and rows[k]['label'] == 'standard'}
+
+    def baseline(row, corpus):  # the row named standard that trained standard; else the only row that trained it
+        found = [k for k in rows if k[0] == corpus and standard(k) and agree(rows[k]['kind'], row['kind'], BASE)
+                 and (rows[k]['label'] == 'standard' or corpus not in named)]
+        return min(found, key=lambda k: rows[k]['kind']['tokens'] != row['kind']['tokens']) if (
+            corpus in named or len(found) == 1) and found else None  # same tokens first
+    order = sorted(rows, key=lambda k: (k[0], baseline(rows[k], k[0]) != k, mean(ppl[k])))
     for corpus, name in order:
         row = rows[(corpus, name)]
         p, tokens = ppl[(corpus, name)], row['kind']['tokens']
-        base = min((k for k in rows if k[0] == corpus and standard(k) and agree(rows[k]['kind'], row['kind'], BASE)),
-                   key=lambda k: (rows[k]['label'] != 'standard', rows[k]['kind']['tokens'] != tokens, k[1]),
-                   default=None)  # the row named standard first, then one of the same tokens
+        base = baseline(row, corpus)
         rel = '-'
         if base and finished(p):
             rel = f"{100 * (finite_mean(p) / finite_mean(ppl[base]) - 1):+.1f}%"

@@ -620,9 +620,9 @@ def attention_diagnostics(model, idx, sequences=DIAG_SEQUENCES):
     return [attention_stats(attention_probs(*qk)) for _, _, qk in scored]
 
 
-def median_layer(stats, key):  # the median over layers (None if a layer has none)
-    values = [s[key] for s in stats]
-    return None if None in values else statistics.median(values)
+def median_layer(stats, key):  # the median over the layers that have a value (None: none has)
+    values = [s[key] for s in stats if s[key] is not None]
+    return statistics.median(values) if values else None
 
 
 # --------------------------------------------------------------------------------------------------------------

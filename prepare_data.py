@@ -399,6 +399,11 @@ def prepare(corpus=None, input=None, name=None, tokenizer=None, val_fraction=0.1
         corpus = 'pydocs'
     if corpus is not None and corpus not in CORPORA:
         raise DataError(f"unknown corpus {corpus!r}; choose one of {', '.join(CORPORA)}, or --input=PATH")
+    if corpus and input and 'url' not in CORPORA[corpus]:  # nothing to read a local copy of
+        raise DataError(f"{corpus} is built in and reads no file; drop --input, or drop {corpus} to prepare your "
+                        f"file: --input={input} --name=NAME")
+    if name is not None and not name.strip():
+        raise DataError("--name is empty; give the dataset's folder name, e.g. --name=mine")
     name = name or corpus or os.path.basename(os.path.normpath(input)).lstrip('.').split('.')[0]
     if not name:
         raise DataError(f"no folder name follows from --input={input}; give one with --name=NAME")

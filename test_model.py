@@ -900,7 +900,20 @@ def test_nonlinear_fraction_has_a_floor_and_reads_near_its_8192_token_value_abov
     assert nonlinear(idx[:1].repeat(128, 1)) is None  # 8,192 tokens, 64 distinct: too few tokens all the same
     stats = qk_diagnostics(model, idx[:2])[0]
     assert stats['nonlinear_heads'] is None and stats['dq'] > 0  # dq, dk need no fit
-    assert M.median_layer([stats, qk_diagnostics(model, idx)[0]], 'nonlinear') is None  # a layer without: None
+    both = [stats, qk_diagnostics(model, idx)[0]]  # a layer without a value is left out of the median (rope's
+    assert M.median_layer(both, 'nonlinear') == both[1]['nonlinear']  # layer 0 never has enough distinct q, k)
+    assert M.median_layer([stats], 'nonlinear') is None
+
+
+def test_with_rotary_positions_the_first_layer_has_too_few_distinct_q_k_and_the_others_still_read():
+    # rope adds no position to the embedding: layer 0's q, k are a function of the token (257 bytes at most), under
+    # the fit's floor at any batch; the layers after it mix positions in, and the median reads them
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=257, block_size=64, attn='coupled', pos='rope'),
+                verbose=False)
+    stats = qk_diagnostics(model, idx_batch(B=128, T=64, vocab=257))
+    assert stats[0]['nonlinear'] is None and stats[1]['nonlinear'] > 0
+    assert M.median_layer(stats, 'nonlinear') == stats[1]['nonlinear']
 
 
 @pytest.mark.parametrize('attn', ['coupled', 'euler-mlp'])
@@ -1666,6 +1679,8 @@ def test_prepare_removes_what_a_killed_run_left(tmp_path):
     (['--name=/tmp/elsewhere'], 'plain folder name'),
     (['--name=.'], 'plain folder name'),
     (['nocorpus'], 'unknown corpus'),
+    (['pydocs'], 'pydocs is built in and reads no file; drop --input'),  # it was ignored, and recorded as the source
+    (['--name='], '--name is empty'),
     (['--data_dir=FILE/sub'], 'cannot write'),
 ])
 def test_prepare_bad_input_gives_one_line_and_writes_nothing_outside(tmp_path, args, words):

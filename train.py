@@ -617,10 +617,12 @@ while True:
         x = get_batch('val', torch.Generator().manual_seed(10_000), n=-(-8192 // block_size))[0] if diag else None
         qk, att = (qk_diagnostics(raw_model, x), attention_diagnostics(raw_model, x)) if diag else ([], [])
         nonlinear = median_layer(qk, 'nonlinear') if qk else None
+        unfit = [str(i) for i, s in enumerate(qk) if s['nonlinear'] is None]  # rope: layer 0's q, k are the token's
         print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val ppl "
                f"{perplexity(losses['val']):.2f} ({eval_iters}-batch estimates)" + (
                    " | q/k map: nonlinear {}, dq {:.1%}, dk {:.1%} (median layer)".format(
-                       'too few tokens' if nonlinear is None else f"{nonlinear:.2%}",
+                       'too few distinct tokens' if nonlinear is None else f"{nonlinear:.2%}" + (
+                           f" (layer {', '.join(unfit)}: too few distinct (q, k))" if unfit else ''),
                        *(median_layer(qk, k) for k in ('dq', 'dk'))) if qk else '') + (
                    " | attention: entropy {:.2f}, sink {:.2f}, gap {:.2f} (median layer)".format(
                        *(median_layer(att, k) for k in ('entropy', 'sink', 'gap'))) if att else ''))

@@ -94,7 +94,17 @@ def sweep_cells(rows, order, key):
                 values.setdefault(v if isinstance(v, (int, float, str, type(None))) else str(v), []).append(r)
         cells += [(k, v, rs) for v, rs in values.items()]
     at = lambda v: (0, v, '') if numeric(v) else (1, 0, str(v))
-    return sorted(cells, key=lambda c: (c[0][0], str(rows[c[0]]['kind'].get('attn')), at(c[1])))
+    return sorted(cells, key=lambda c: (c[0][0], series(rows, c[0], key), at(c[1])))
+
+
+def series(rows, k, key):
+    """Row k's line in a sweep of `key`: its variant, and the settings that tell apart two of the variant's rows at
+    one value of `key` (standard [bias=True]), so that no line averages runs that differ in more than `key`."""
+    attn, corpus = rows[k]['kind'].get('attn'), k[0]
+    kinds = [r['kind'] for j, r in rows.items() if j[0] == corpus and r['kind'].get('attn') == attn]
+    differ = sorted({d for a in kinds for b in kinds if a.get(key) == b.get(key)
+                     for d in set(a) & set(b) if d not in (key, 'tokens') and a[d] != b[d]})  # (a key one log lacks: alike)
+    return f"{attn}" + (' [' + ', '.join(f"{d}={rows[k]['kind'].get(d)}" for d in differ) + ']' if differ else '')
 
 
 def check_sweep(rows, key):  # a one-line error for a key no run logged or no run varies; a note for older logs
@@ -120,7 +130,7 @@ def sweep_table(rows, order, key):
     for k, v, runs in sweep_cells(rows, order, key):
         p = [mean(x) for x in bench.by_seed(runs).values()]
         ok, sp = finished(p), [r['spikes'] for r in runs]
-        print(f"| {k[0]} | {rows[k]['kind'].get('attn')} | {v} | {len(p)} | {spread_of(ok) if ok else '-'} | "
+        print(f"| {k[0]} | {series(rows, k, key)} | {v} | {len(p)} | {spread_of(ok) if ok else '-'} | "
               f"{len(p) - len(ok)} | {sum(sp)} ({sum(map(bool, sp))}) |")
 
 
@@ -139,12 +149,12 @@ def plot_sweep(rows, path, key):
     corpora = sorted({c for c, _ in rows})
     fig, axes = plt.subplots(1, len(corpora), figsize=(5 * len(corpora), 3.8), squeeze=False)
     for ax, corpus in zip(axes[0], corpora):
-        variants = sorted({str(rows[k]['kind'].get('attn')) for k, _, _ in cells if k[0] == corpus})
+        variants = sorted({series(rows, k, key) for k, _, _ in cells if k[0] == corpus})
         diverged = {}
         for i, v in enumerate(variants):
             at = {}  # x: the final perplexities of the variant's seeds there, over its rows
             for k, x, rs in cells:
-                if k[0] == corpus and str(rows[k]['kind'].get('attn')) == v:
+                if k[0] == corpus and series(rows, k, key) == v:
                     at.setdefault(x_of(x), []).extend(mean(p) for p in bench.by_seed(rs).values())
             mine = sorted(at.items())
             ok = [(x, finished(p)) for x, p in mine if finished(p)]

@@ -149,6 +149,7 @@ def test_every_setting_is_typed_and_a_key_an_older_log_lacks_leaves_it_out_of_th
     rows = table(out)
     assert code == 0 and rows['standard'][2:4] == ['2', '8.500 +- 0.707'], out  # "0.002" is 2e-3: one row
     assert '| pydocs | standard | 0.002 | 2 | 8.500 +- 0.707 | 0 | 2 (2) |' in out, out  # 4.5 > 1.1 * 4, at 3
+    assert '| pydocs | standard | 0.004 | 1 | 8.000 |' in out  # old-s1: alone at its rate, so on standard's line
     assert rows['coupled'][3] == 'inf (1 of 1 diverged)' and rows['coupled'][8] == '5,120'  # 40 x 128 tokens
     assert 'bad' not in rows and 'bad-s1/metrics.jsonl: a setting among max_iters' in err
     code, out, err = report(capsys, runs, '--sweep=pos', runs / 'standard-s1', runs / 'old-s1',
@@ -204,15 +205,19 @@ def test_sweep_of_any_key_plots_every_tabulated_value_and_refuses_a_key_no_run_v
                                                                                      monkeypatch):
     runs = tmp_path / 'runs'
     for i, (a, p) in enumerate((('standard', 0.0), ('standard', 0.1), ('standard', 0.2), ('coupled', 0.0))):
-        fake_run(runs / f'{a}-{p}-s1', CURVE, 8.0 + i, attn=a, dropout=p, bias=p > 0.05)
-    fake_run(runs / 'coupled-0.1-s1', CURVE, None, attn='coupled', dropout=0.1, bias=True, diverged_at=2)
+        fake_run(runs / f'{a}-{p}-s1', CURVE, 8.0 + i, attn=a, dropout=p)
+    fake_run(runs / 'coupled-0.1-s1', CURVE, None, attn='coupled', dropout=0.1, diverged_at=2)
+    fake_run(runs / 'standard-bias-s1', CURVE, 7.5, dropout=0.0, bias=True)  # set apart by more than the swept key
     out, [(scale, label, lines)] = plotted(monkeypatch, capsys, runs, '--sweep=dropout')
     assert scale == 'linear' and 'linear axis: a value is 0 or below' in label  # 0.0 on the axis
-    assert [0.0, 0.1, 0.2] in lines and [0.0] in lines and [0.1] in lines, lines  # coupled: 0.0, and a cross at 0.1
+    assert sorted(lines) == [[], [], [0.0], [0.0], [0.0, 0.1, 0.2], [0.1]], lines  # coupled: 0.0, a cross at 0.1
+    assert '| pydocs | standard [bias=False] | 0.2 |' in out and '| pydocs | standard [bias=True] | 0.0 |' in out
     out, [(scale, label, lines)] = plotted(monkeypatch, capsys, runs, '--sweep=attn')  # categorical: a position each
-    assert [c[2] for c in table(out, 'Sweep of').values()] == ['coupled', 'standard'] and [1.0] in lines
+    assert sorted(c[2] for c in table(out, 'Sweep of').values()) == ['coupled'] * 2 + ['standard'] * 4
+    assert [0.0] in lines and lines.count([1.0]) == 4  # each standard row its own point: they differ in more
     out, [(scale, label, lines)] = plotted(monkeypatch, capsys, runs, '--sweep=bias')
-    assert sorted(lines) == [[], [0.0], [0.0, 1.0], [1.0]]  # standard: False, True (2 rows); coupled: False, a cross
+    assert [0.0, 1.0] in lines and lines.count([0.0]) == 3  # standard at dropout 0: False and True; the rest alone
+    assert '| pydocs | standard [dropout=0.0] | True | 1 | 7.500 |' in out
     code, out, err = report(capsys, runs, '--sweep=dataset')
     assert code == 1 and err.strip() == ("error: --sweep=dataset: every run has dataset=pydocs; name a setting the "
                                          "runs vary, e.g. learning_rate")
