@@ -20,6 +20,7 @@ JOBS += [(f"runs/laptop/pydocs/{n}-s{s}", f"--dataset=pydocs --seed={s} {P} {fla
          for s in (1, 2, 3) for n, flags in PYDOCS_ONLY]
 
 if __name__ == '__main__':
+    runner.start()
     for corpus in ('pydocs', 'shakespeare', 'web'):  # prepare_data.py keeps finished work
         if subprocess.call([sys.executable, f"{runner.ROOT}/prepare_data.py", corpus]):
             sys.exit(f"error: python prepare_data.py {corpus} failed (see above)")

@@ -28,8 +28,19 @@ def train(job):
     return f"{out_dir}: " + ('done' if code == 0 else f"stopped (exit {code}); see {out_dir}.log")
 
 
+def start():
+    """A section's script takes no arguments (--help: its docstring, and nothing runs); it works from the repository
+    root wherever it is started (runs/... and results/*.png are paths from there)."""
+    if sys.argv[1:]:
+        print(sys.modules['__main__'].__doc__)
+        sys.exit(0 if sys.argv[1:] in (['-h'], ['--help']) else f"error: {os.path.basename(sys.argv[0])} takes no "
+                 f"arguments (it was given {' '.join(sys.argv[1:])}); its runs and tables are fixed, see above")
+    os.chdir(ROOT)
+
+
 def run(jobs, jobs_at_once=2):
     """jobs: [(out_dir, train.py flags)], made in this order, jobs_at_once at a time; those finished are skipped."""
+    start()
     todo = [j for j in jobs if not finished(j[0])]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} runs finished already; training {len(todo)}, {jobs_at_once} at a "
           "time", flush=True)

@@ -260,3 +260,31 @@ def test_variance_ratios_with_their_intervals_and_seeds_that_all_ended_alike(tmp
     code, out, err = report(capsys, runs)
     assert code == 0 and '| pydocs | same | 5 | 0.000 | 0.0000 |' in out and '| same | - | - | - |' in out, err
     assert 'pydocs/same: its seeds\' perplexities are all equal (variance 0); no ratio over it' in err
+
+
+def test_tokens_to_match_reads_the_seeds_whose_pair_finished_and_bounds_what_never_reaches(tmp_path, capsys):
+    import long
+    runs = tmp_path / 'long'
+    for s in (1, 2):  # standard-2.4x reaches coupled's 3.0 (seed 1 at 128 tokens; seed 2 never: a bound)
+        fake_run(runs / f'standard-2.4x-s{s}', [(0, 5.0), (256, 3.0 if s == 1 else 3.5), (512, 2.0 if s == 1 else
+                                                                                        3.2)], 8.0, seed=s)
+        fake_run(runs / f'coupled-s{s}', [(0, 5.0), (256, 3.0)], 9.0, attn='coupled', seed=s)
+    fake_run(runs / 'coupled-s3', [(0, 5.0), (256, 3.0)], None, attn='coupled', seed=3, diverged_at=1)
+    long.tokens_to_match(str(runs))  # seed 3: standard-2.4x missing, coupled diverged
+    out = capsys.readouterr().out
+    assert out.splitlines() == ['seed 1: 1.00x', 'seed 2: > 2.00x',
+                                'seed 3: - (standard-2.4x-s3 and coupled-s3 have not both finished)',
+                                "standard tokens to match coupled: > 2.00x (a seed's curve never reaches coupled's "
+                                "final estimate)"]
+
+
+def test_a_section_script_takes_no_arguments_and_starts_no_run_when_given_some(tmp_path):
+    import subprocess
+    for script, args, code, words in (('long.py', ['--help'], 0, 'Closer to convergence'),
+                                      ('long.py', ['now'], 1, 'long.py takes no arguments'),
+                                      ('laptop.py', ['--help'], 0, '99 runs'),  # before it prepares the corpora
+                                      ('laptop.py', ['-n'], 1, 'laptop.py takes no arguments')):
+        r = subprocess.run([sys.executable, os.path.join(HERE, script), *args], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == code and words in r.stdout + r.stderr and 'training' not in r.stdout, r.stderr
+        assert os.listdir(tmp_path) == []  # no runs/ made, here or anywhere
