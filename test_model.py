@@ -2683,9 +2683,9 @@ def wait_for(path, timeout=120):
     assert os.path.exists(path), f"{path} never appeared"
 
 
-def stopped_cleanly(p, timeout=60):
+def stopped_cleanly(p, timeout=60, code=130):
     out, err = p.communicate(timeout=timeout)
-    assert p.returncode == 130, (p.returncode, out[-1000:], err[-2000:])
+    assert p.returncode == code, (p.returncode, out[-1000:], err[-2000:])
     assert 'Traceback' not in out + err and 'KeyboardInterrupt' not in out + err, err[-2000:]
     return out.strip().splitlines()[-1], err
 
@@ -2745,6 +2745,27 @@ def test_ctrl_c_stops_a_trainer_that_inherited_sigint_ignored(corpus, tmp_path):
     p.send_signal(signal.SIGINT)
     last, _ = stopped_cleanly(p)
     assert last.startswith('interrupted at iteration') and '--init_from=resume' in last
+
+
+def test_settings_that_make_a_run_useless_or_endless_say_so_at_the_start(corpus, tmp_path):
+    # an estimate of 146 times the val split once ran 72 minutes unannounced; a warmup past the end never trains
+    p = start(*trains(corpus, tmp_path, '--max_iters=40', '--eval_iters=262144'))
+    lines = [p.stdout.readline() for _ in range(2)]
+    p.kill(), p.communicate()
+    assert any(re.match(r"note: an estimate reads 33,554,432 tokens a rank, \d+ times the val split's [\d,]+, so each "
+                        r"eval is slow; --eval_iters=\d+ reads about the split once", line) for line in lines), lines
+    r = run(*trains(corpus, tmp_path / 'w', '--max_iters=2', '--warmup_iters=1000000000000'))
+    assert r.returncode == 0 and 'note: --warmup_iters=1,000,000,000,000 >= --max_iters=2: the learning rate stays in '\
+        'its warmup, at most 4e-15 of 0.002' in r.stdout, r.stdout
+
+
+def test_sigterm_stops_a_run_with_one_line_that_names_its_resume(corpus, tmp_path):
+    # kill, a job scheduler's time limit, docker stop: SIGTERM, as Ctrl-C (one line), exit 143 = 128 + 15
+    p = start(*trains(corpus, tmp_path, '--max_iters=100000', '--eval_interval=5'))
+    wait_for(tmp_path / 'ckpt.pt')
+    p.send_signal(signal.SIGTERM)
+    last, _ = stopped_cleanly(p, code=143)
+    assert last.startswith('terminated (SIGTERM) at iteration') and '--init_from=resume' in last
 
 
 SLOW_SAVE = """

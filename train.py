@@ -18,14 +18,16 @@ phase, iter_num, saved_iter, saving, interrupted = 'before training', 0, None, F
 master = os.environ.get('RANK', '0') == '0'  # rank 0 logs, saves and speaks
 
 
-def on_ctrl_c(signum, frame):
+def on_ctrl_c(signum, frame):  # Ctrl-C (SIGINT) or a kill's SIGTERM: one line, exit 128 + the signal's number
     global interrupted
-    if saving and not interrupted:  # a second Ctrl-C stops at once
-        interrupted = True
-        return say("Ctrl-C: stopping once this checkpoint is written (again: stop now)")
+    if saving and not interrupted:  # a second signal stops at once
+        interrupted = signum
+        return say(f"{'Ctrl-C' if signum == signal.SIGINT else 'SIGTERM'}: stopping once this checkpoint is written "
+                   "(again: stop now)")
     where = {'train': f"at iteration {iter_num}", 'final': "during the final evaluation"}.get(phase, phase)
-    say("interrupted; nothing was written" if phase == 'read only' else f"interrupted {where}; {resume_hint()}")
-    os._exit(130)  # ckpt.pt and the log stay whole
+    stop = 'interrupted' if signum == signal.SIGINT else 'terminated (SIGTERM)'
+    say(f"{stop}; nothing was written" if phase == 'read only' else f"{stop} {where}; {resume_hint()}")
+    os._exit(128 + signum)  # 130 or 143; ckpt.pt and the log stay whole
 
 
 def resume_hint():
@@ -45,6 +47,7 @@ def say(line):  # os.write: the handler may cut into a print() holding stdout's 
 
 
 signal.signal(signal.SIGINT, on_ctrl_c)
+signal.signal(signal.SIGTERM, on_ctrl_c)
 
 import hashlib
 import json
@@ -329,6 +332,14 @@ if checkpoint is not None and not sample and checkpoint.get('fingerprint') not i
         f"{checkpoint['fingerprint'][:12]}), and that folder now holds other text ({meta['fingerprint'][:12]}); "
         f"prepare the run's text again (prepare_data.py --force), or name its corpus with --dataset")
 train_gen = torch.Generator().manual_seed(seed + rank)  # each rank its own batches
+reads, val_tokens = eval_iters * batch_size * block_size, meta['tokens'].get('val', 0)
+if master and trains and val_tokens and reads > 10 * val_tokens:  # legal, but hours an eval on a small split
+    print(f"note: an estimate reads {reads:,} tokens a rank, {reads / val_tokens:.0f} times the val split's "
+          f"{val_tokens:,}, so each eval is slow; --eval_iters={max(1, val_tokens // (batch_size * block_size))} "
+          "reads about the split once")
+if master and trains and max_iters > 0 and warmup_iters >= max_iters:
+    print(f"note: --warmup_iters={warmup_iters:,} >= --max_iters={max_iters:,}: the learning rate stays in its warmup, "
+          f"at most {learning_rate * max_iters / (warmup_iters + 1):.2g} of {learning_rate:g}")
 
 
 def to_device(t):  # CUDA: from pinned memory, so the copy does not block the host
@@ -512,17 +523,17 @@ def save_checkpoint():
     saving, mask = True, getattr(signal, 'pthread_sigmask', lambda *a: None)  # a Ctrl-C now waits for the save
     try:
         torch.save(ckpt, ckpt_path + '.tmp')
-        mask(signal.SIG_BLOCK, {signal.SIGINT})  # no Ctrl-C between the rename and saved_iter
+        mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # no signal between the rename and saved_iter
         os.replace(ckpt_path + '.tmp', ckpt_path)  # atomic: a crash mid-save keeps the previous checkpoint
         saved_iter = iter_num
-        mask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        mask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     except (OSError, RuntimeError) as e:  # a full disk (torch.save: RuntimeError)
         with suppress(OSError):
             os.remove(ckpt_path + '.tmp')
         disk_full(ckpt_path, e)
     saving = False
-    if interrupted:  # a Ctrl-C came during the save: it is complete now
-        on_ctrl_c(signal.SIGINT, None)
+    if interrupted:  # a signal came during the save: it is complete now
+        on_ctrl_c(interrupted, None)
 
 
 def log(record):  # a whole line appended; on a full disk, cut back, and the run stops

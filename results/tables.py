@@ -61,9 +61,11 @@ def variance_table(ppl, order, least=5):
           "ratio with its 95% interval (F distribution, normal seeds) and Levene's p (median-centered)\n"
           "| corpus | variant | seeds | std | variance | / variant | ratio | 95% interval | Levene p |\n"
           "|---|---|---|---|---|---|---|---|---|")
+    var = lambda x: stdev(x) ** 2 if stdev(x) < 1e150 else math.inf  # noqa: E731  (a float's square overflows)
     for i, a in enumerate(keys):
         x = finished(ppl[a])
-        print(f"| {a[0]} | {a[1]} | {len(x)} | {stdev(x):.3f} | {stdev(x) ** 2:.4f} | | | | |")
+        std = f"{stdev(x):.3f}" if stdev(x) < 1e6 else f"{stdev(x):.3g}"
+        print(f"| {a[0]} | {a[1]} | {len(x)} | {std} | {var(x):.4f} | | | | |")
         for b in (b for b in keys[i + 1:] if b[0] == a[0]):  # pairs within a corpus
             y = finished(ppl[b])
             if stdev(y) == 0:  # its seeds all ended alike: no ratio over it
@@ -71,8 +73,8 @@ def variance_table(ppl, order, least=5):
                       file=sys.stderr)
                 print(f"| {a[0]} | {a[1]} | | | | {b[1]} | - | - | - |")
                 continue
-            r, interval, lev = stdev(x) ** 2 / stdev(y) ** 2, '-', '-'
-            if stats:  # r / F(0.975) .. r / F(0.025), F with (len(x) - 1, len(y) - 1) degrees of freedom
+            r, interval, lev = var(x) / var(y), '-', '-'
+            if stats and math.isfinite(var(x)) and math.isfinite(var(y)):  # r / F(0.975) .. r / F(0.025), F with (len(x) - 1, len(y) - 1) degrees of freedom
                 f = lambda q: stats.f.ppf(q, len(x) - 1, len(y) - 1)
                 interval, lev = f"{r / f(0.975):.2f} - {r / f(0.025):.2f}", f"{stats.levene(x, y).pvalue:.2f}"
             print(f"| {a[0]} | {a[1]} | | | | {b[1]} | {r:.2f} | {interval} | {lev} |")

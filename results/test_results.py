@@ -260,6 +260,10 @@ def test_variance_ratios_with_their_intervals_and_seeds_that_all_ended_alike(tmp
     code, out, err = report(capsys, runs)
     assert code == 0 and '| pydocs | same | 5 | 0.000 | 0.0000 |' in out and '| same | - | - | - |' in out, err
     assert 'pydocs/same: its seeds\' perplexities are all equal (variance 0); no ratio over it' in err
+    for s in range(1, 6):  # finite, yet its square overflows a float (a loss near 700 nats): inf, no traceback
+        fake_run(runs / f'huge-s{s}', CURVE, 1e300 if s < 3 else 1.0 + s, attn='huge', seed=s)
+    code, out, err = report(capsys, runs)
+    assert code == 0 and '| pydocs | huge | 5 | 5.48e+299 | inf |' in out and '| huge | 0.00 | - | - |' in out, out
 
 
 def test_tokens_to_match_reads_the_seeds_whose_pair_finished_and_bounds_what_never_reaches(tmp_path, capsys):
