@@ -163,7 +163,8 @@ def check(settings):  # flags' values, and a checkpoint's settings' types
         if (not isinstance(v, (int, float) if kind is float else kind) or (k in CHOICES and v not in CHOICES[k])
                 or (type(v) is bool) != (kind is bool)):  # True is an int to Python, not a count
             die(f"{ckpt_path} is corrupt: its {k}={v!r} is not " + (
-                f"one of {', '.join(map(repr, CHOICES[k]))}" if k in CHOICES else f"a {kind.__name__}")
+                f"one of {', '.join(map(repr, CHOICES[k]))}" if k in CHOICES else
+                {int: 'an integer', float: 'a number', bool: 'True or False', str: 'a string'}[kind])
                 + "; resume from an intact copy, or train in another --out_dir")
         if kind in (int, float) and not (0 <= v < BELOW.get(k, math.inf) and (v > 0 or low == '>= 0')):
             die(f"--{k} must be {low}{f' and < {BELOW[k]:,}' if k in BELOW else ''} and finite, got {v}"
@@ -422,7 +423,11 @@ if checkpoint is not None and trains:
                    f"{world_size}: the batches continue in a new order (seed {seed}), not as one run would")
     except Exception as e:
         die(f"{ckpt_path}'s training state does not fit this run ({why(e)}); resume with the settings it had")
-    print0(f"resuming from {ckpt_path} at iteration {iter_num} ({train_time:.0f} s trained)")
+    best_only = dict(checkpoint['config']).get('always_save_checkpoint') is False
+    print0(f"resuming from {ckpt_path} at iteration {iter_num} ({train_time:.0f} s trained)" + (
+        "; a best-only checkpoint: iterations the earlier run trained past it are trained again" if best_only else ''))
+    if checkpoint.get('args_sha256') is None:
+        print0("note: an older checkpoint, saved without a hash of its model_args: they are not verified")
 checkpoint = None  # free memory
 
 

@@ -6,6 +6,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # model.py, from any folder
+if {'-h', '--help'} & set(sys.argv[1:]):
+    sys.exit(print(__doc__))
 from model import INTEGRATORS, Hamiltonian  # noqa: E402
 
 for name in sys.argv[1:]:

@@ -6,6 +6,10 @@ import sys
 
 import torch
 
+if sys.argv[1:]:  # it takes none: --help, or a one-line error
+    print(__doc__) if sys.argv[1:] in (['-h'], ['--help']) else sys.exit(
+        f"error: {os.path.basename(__file__)} takes no arguments (given: {' '.join(sys.argv[1:])})")
+    sys.exit()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # model.py, from any folder
 from model import Hamiltonian  # noqa: E402
 

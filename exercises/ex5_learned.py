@@ -13,6 +13,12 @@ from model import GPT, GPTConfig, qk_diagnostics  # noqa: E402
 
 run = sys.argv[1] if len(sys.argv) > 1 else 'out'
 QUICK = "python exercises/ex5_learned.py exercises/quickstart"  # the lab's own copy of a quick-start run
+if run in ('-h', '--help'):
+    sys.exit(print(__doc__))
+if os.path.basename(run) == 'ckpt.pt' and os.path.isfile(run):  # the checkpoint named: its run folder
+    run = os.path.dirname(run) or '.'
+if not run.strip():
+    sys.exit(f"error: the run folder is empty; name one (train.py's --out_dir), e.g. {QUICK}")
 if not os.path.exists(os.path.join(run, 'ckpt.pt')):
     sys.exit(f"error: no {run}/ckpt.pt; wait for the quick start to finish, or use the lab's copy of one: {QUICK}")
 try:
@@ -24,7 +30,7 @@ except Exception as e:  # a partial copy, a checkpoint still being written, anot
              f"`python train.py --attn=coupled --out_dir={run}`, or use the lab's copy: {QUICK}")
 qk = model.transformer.h[1].attn.qk if model.config.n_layer > 1 else None
 if not (hasattr(qk, 'force') and hasattr(qk, 'dt')):  # standard attention has no q/k map; uncoupled no force
-    sys.exit(f"error: {run} is an --attn={model.config.attn} run with {model.config.n_layer} layers; exercise 5 reads "
+    sys.exit(f"error: {run} is an --attn={model.config.attn} run with {model.config.n_layer} layer{'s' * (model.config.n_layer != 1)}; exercise 5 reads "
              f"layer 1's Hamiltonian step: train one with `python train.py --attn=coupled`, or use {QUICK}")
 if model.config.block_size < 48:  # the printed line is 48 positions
     sys.exit(f"error: {run} has block_size {model.config.block_size}, exercise 5 reads a line of 48 positions: "

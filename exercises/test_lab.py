@@ -980,8 +980,17 @@ def test_lab_scripts_refuse_bad_input_in_one_line(tmp_path):
              ((ex5, 'standard'), 'python train.py --attn=coupled'), ((ex5, 'short'), 'block_size 32'),
              ((ex5, 'truncated'), 'cannot be read'), ((ex5, 'noval'), 'run `python prepare_data.py`'),
              ((os.path.join(LAB, 'ex6_train.py'), 'coupled', '--seeds', '1', '--jobs', '0'), '--jobs 0: give 1 or more'),
-             ((os.path.join(LAB, 'ex6_train.py'), 'bogus'), '--attn=bogus is unknown')]
+             ((os.path.join(LAB, 'ex6_train.py'), 'bogus'), '--attn=bogus is unknown'),
+             ((os.path.join(LAB, 'ex6_train.py'), 'mine'), 'append the template first: cat exercises/ex6_mine.py'),
+             ((os.path.join(LAB, 'ex6_train.py'), '--seeds', 'one'), "argument --seeds: invalid int value: 'one'"),
+             ((os.path.join(LAB, 'ex3_scores.py'), 'now'), 'ex3_scores.py takes no arguments'),
+             ((os.path.join(LAB, 'ex4_linear_regime.py'), '--fast'), 'ex4_linear_regime.py takes no arguments'),
+             ((ex5, ''), 'the run folder is empty'), ((ex5, 'standard/ckpt.pt'), 'python train.py --attn=coupled')]
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda case: run(*case[0], cwd=tmp_path), cases))
+        helps = list(pool.map(lambda s: run(os.path.join(LAB, s), '--help', cwd=tmp_path), (
+            'ex1_pendulum.py', 'ex2_jacobian.py', 'ex3_scores.py', 'ex4_linear_regime.py', 'ex5_learned.py')))
     for (argv, words), r in zip(cases, results):
         assert one_line_error(r, words), (argv[1:], r.stderr[-2000:])
+    for n, r in enumerate(helps, 1):  # --help: the docstring, and nothing run
+        assert r.returncode == 0 and r.stdout.startswith(f'Exercise {n}.') and r.stderr == '', (n, r.stderr[-2000:])
