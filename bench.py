@@ -503,10 +503,10 @@ def plan(world_size):
             first, first_evals = parts, evals
         print(f"| {name} | `$R {extra} --out_dir=runs/60m/{name}` | {tokens / 1e9:.2f}B | "
               f"{flops_per_token(cfg, T) / 1e9:.3f} | " + ' | '.join(fmt(sum(p.values())) for p in parts) + ' |')
-    note = (f"Each time is an estimate: training at {UTILISATION:.0%} of the bf16 peak (the FLOP model), "
-            f"{first_evals} evaluations of {EVAL_ITERS * EVAL_BATCH:,} sequences a split shared by the "
-            f"{world_size} GPU(s) "
-            f"plus rank 0's diagnostics, and ~{COMPILE_MINUTES} min of compile. standard: "
+    shared = 'on one GPU' if world_size == 1 else f'shared by {world_size} GPUs'
+    note = (f"Each time is an estimate with three parts: training at {UTILISATION:.0%} of the GPU's bf16 peak (the "
+            f"FLOP model), {first_evals} evaluations (each scores {EVAL_ITERS * EVAL_BATCH:,} sequences a split "
+            f"{shared}, plus the diagnostics), and about {COMPILE_MINUTES} minutes of compilation. For standard: "
             + ', '.join(f"{g} {p['train']:.0f} + {p['eval']:.1f} + {p['compile']} min" for g, p in zip(PLAN_GPUS, first))
             + '.')
     print('\n' + textwrap.fill(note, 116))
