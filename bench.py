@@ -728,31 +728,35 @@ def gpu_check(args, device):
 def diag_cost(args, device):
     """One eval's diagnostics (train.py's: qk_diagnostics on 8,192 tokens, attention_diagnostics on their first
     sequences) against one forward of the estimate's batch (batch_size sequences, as estimate_loss runs each of its
-    batches), for --attn's last variant at --preset, --block_size; random tokens. Wall-clock seconds, one call each."""
-    cfg = GPTConfig(attn=args.attn.split(',')[-1], block_size=args.block_size, vocab_size=args.vocab_size,
-                    qk_steps=args.qk_steps, **PRESETS[args.preset])
-    model, gen = GPT(cfg, verbose=False).to(device).eval(), torch.Generator().manual_seed(0)
-    batch = torch.randint(args.vocab_size, (args.batch_size, args.block_size), generator=gen).to(device)
-    diag = torch.randint(args.vocab_size, (-(-8192 // args.block_size), args.block_size), generator=gen).to(device)
-    autocast = (torch.autocast(device.split(':')[0], dtype=getattr(torch, args.dtype)) if args.dtype != 'float32'
-                else nullcontext())
-    sync = torch.cuda.synchronize if device.startswith('cuda') else (lambda: None)
-    seconds = {}
-    for name, fn in (('forward', lambda: model(batch, batch)), ('qk_diagnostics', lambda: qk_diagnostics(model, diag)),
-                     ('attention_diagnostics', lambda: attention_diagnostics(model, diag))):
-        with torch.no_grad(), autocast if name == 'forward' else nullcontext():
-            sync()
-            t0 = time.time()
-            fn()
-            sync()
-            seconds[name] = time.time() - t0
-    both = seconds['qk_diagnostics'] + seconds['attention_diagnostics']
-    print(f"diagnostics cost: {cfg.attn}, preset {args.preset}, block {args.block_size}, {device}, "
-          f"{torch.get_num_threads()} threads: one forward of {args.batch_size} sequences {seconds['forward']:.2f} s; "
-          f"qk_diagnostics ({diag.numel():,} tokens) {seconds['qk_diagnostics']:.2f} s, attention_diagnostics "
-          f"{seconds['attention_diagnostics']:.2f} s: {both / seconds['forward']:.1f} forwards, "
-          f"{both / (2 * EVAL_ITERS * seconds['forward']):.1%} of an estimate_loss ({2 * EVAL_ITERS} forwards)")
-    return [dict(seconds, attn=cfg.attn, mode='diag_cost')]
+    batches), for each --attn variant at --preset, --block_size; random tokens. Wall-clock seconds, one call each."""
+    records = []
+    for attn in args.attn.split(','):
+        cfg = GPTConfig(attn=attn, block_size=args.block_size, vocab_size=args.vocab_size, qk_steps=args.qk_steps,
+                        **PRESETS[args.preset])
+        model, gen = GPT(cfg, verbose=False).to(device).eval(), torch.Generator().manual_seed(0)
+        batch = torch.randint(args.vocab_size, (args.batch_size, args.block_size), generator=gen).to(device)
+        diag = torch.randint(args.vocab_size, (-(-8192 // args.block_size), args.block_size), generator=gen).to(device)
+        autocast = (torch.autocast(device.split(':')[0], dtype=getattr(torch, args.dtype)) if args.dtype != 'float32'
+                    else nullcontext())
+        sync = torch.cuda.synchronize if device.startswith('cuda') else (lambda: None)
+        seconds = {}
+        for name, fn in (('forward', lambda: model(batch, batch)), ('qk_diagnostics', lambda: qk_diagnostics(model, diag)),
+                         ('attention_diagnostics', lambda: attention_diagnostics(model, diag))):
+            with torch.no_grad(), autocast if name == 'forward' else nullcontext():
+                sync()
+                t0 = time.time()
+                fn()
+                sync()
+                seconds[name] = time.time() - t0
+        both = seconds['qk_diagnostics'] + seconds['attention_diagnostics']
+        print(f"diagnostics cost: {cfg.attn}, preset {args.preset}, block {args.block_size}, {device}, "
+              f"{torch.get_num_threads()} threads: one forward of {args.batch_size} sequences "
+              f"{seconds['forward']:.2f} s; qk_diagnostics ({diag.numel():,} tokens) {seconds['qk_diagnostics']:.2f} s, "
+              f"attention_diagnostics {seconds['attention_diagnostics']:.2f} s: {both / seconds['forward']:.1f} "
+              f"forwards, {both / (2 * EVAL_ITERS * seconds['forward']):.1%} of an estimate_loss "
+              f"({2 * EVAL_ITERS} forwards)")
+        records.append(dict(seconds, attn=cfg.attn, mode='diag_cost'))
+    return records
 
 
 # -----------------------------------------------------------------------------
@@ -788,6 +792,16 @@ def main():
     p.add_argument('--gpu_check', action='store_true', help="the recipe's training step on one CUDA GPU (60m, "
                    "32 x 512 tokens, bf16), eager and compiled, with MFU")
     args = p.parse_args()
+    given = {k for k, v in vars(args).items() if v != p.get_default(k)}
+    chosen = [k for k in ('report', 'plan', 'gpu_check', 'diag_cost') if k in given]
+    if len(chosen) > 1:
+        p.error(f"--{' and --'.join(chosen)} are different jobs; run them one at a time")
+    reads = dict(report={'report', 'plot'}, plan={'plan', 'world_size'}).get(chosen[0] if chosen else None)
+    if reads and given - reads:  # e.g. --plan --preset=tiny: the plan is the recipe's, whatever the flags
+        p.error(f"--{chosen[0]} reads only --{', --'.join(sorted(reads - {chosen[0]}))}, not "
+                f"--{', --'.join(sorted(given - reads))}; drop them")
+    if 'world_size' in given and not args.plan:
+        p.error("--world_size is read by --plan only: python bench.py --plan --world_size=8")
     if args.report is not None and not all(args.report.split(',')):
         p.error(f"--report={args.report!r} names an empty folder; name the run folders, e.g. --report=runs")
     if args.plot is not None and not (args.report and os.path.splitext(args.plot)[1]):

@@ -223,8 +223,10 @@ def input_files(path, quiet=False):
         for f in sorted(f for f in fs if f.endswith(('.txt',) + JSONL)):
             if os.path.isfile(os.path.join(d, f)):
                 files.append(os.path.join(d, f))
-            elif os.path.exists(os.path.join(d, f)) and not quiet:
-                print(f"note: skipped {os.path.join(d, f)}: not a regular file (a pipe, device or socket)")
+            elif not quiet:
+                why = 'not a regular file (a pipe, device or socket)' if os.path.exists(os.path.join(d, f)) else \
+                    'a link to nothing'
+                print(f"note: skipped {os.path.join(d, f)}: {why}")
     return files
 
 

@@ -1587,8 +1587,10 @@ def test_prepare_reads_linked_folders_skips_special_files_and_a_bom_in_one_line(
     (other / 'c.txt').write_text(TEXT)
     os.symlink(other, src / 'linked')
     os.symlink(src, other / 'loop')  # a loop of links: each folder read once
+    os.symlink(tmp_path / 'gone.txt', src / 'dangling.txt')  # a link to nothing: skipped, but said
     r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}', timeout=60)
-    assert r.returncode == 0 and r.stdout.count('note: skipped') == 1 and 'a.txt: not a regular file' in r.stdout
+    assert r.returncode == 0 and r.stdout.count('note: skipped') == 2 and 'a.txt: not a regular file' in r.stdout
+    assert 'dangling.txt: a link to nothing' in r.stdout
     tokens = np.concatenate([read_bin(tmp_path / 'data' / 'docs' / f'{s}.bin') for s in ('train', 'val')])
     assert (tokens == 256).sum() == 3 and len(tokens) == 2 * len(TEXT.encode()) + 3  # b, c, and c's cut
     # a dotfile names its folder without the dot; debris that names no process is left alone
@@ -2757,6 +2759,12 @@ def test_settings_that_make_a_run_useless_or_endless_say_so_at_the_start(corpus,
     r = run(*trains(corpus, tmp_path / 'w', '--max_iters=2', '--warmup_iters=1000000000000'))
     assert r.returncode == 0 and 'note: --warmup_iters=1,000,000,000,000 >= --max_iters=2: the learning rate stays in '\
         'its warmup, at most 4e-15 of 0.002' in r.stdout, r.stdout
+    # a long window: (8, nh, T, T) float32 for the diagnostics and every layer's (B, nh, T, T) for a CPU backward
+    p = start(*trains(corpus, tmp_path / 'T', '--block_size=7000', '--n_head=16', '--max_iters=1'))
+    lines = [p.stdout.readline() for _ in range(4)]
+    p.kill(), p.communicate()
+    assert "note: --block_size=7,000 makes attention matrices of 23 GB for the diagnostics and 23 GB for a CPU step's " \
+        "backward; lower --block_size or --batch_size, or set --diag_interval=0\n" in lines, lines
 
 
 def test_sigterm_stops_a_run_with_one_line_that_names_its_resume(corpus, tmp_path):
@@ -3243,8 +3251,10 @@ def test_diag_cost_times_the_diagnostics_against_a_forward(capsys, monkeypatch):
     # the README's measurement at 60m (--preset=60m --block_size=512 --batch_size=32), here at a tiny shape
     r = subprocess.CompletedProcess('bench.py', *bench_report(
         capsys, monkeypatch, '--diag_cost', '--device=cpu', '--preset=tiny', '--block_size=64', '--batch_size=2',
-        '--vocab_size=64', '--attn=coupled'))
+        '--vocab_size=64', '--attn=coupled,standard'))
     assert r.returncode == 0, r.stderr[-2000:]
+    assert [line.split(',')[0] for line in r.stdout.splitlines()] == ['diagnostics cost: coupled',
+                                                                      'diagnostics cost: standard']  # each named
     assert re.search(r'one forward of 2 sequences [\d.]+ s; qk_diagnostics \(8,192 tokens\) [\d.]+ s, '
                      r'attention_diagnostics [\d.]+ s: [\d.]+ forwards, [\d.]+% of an estimate_loss \(80 forwards\)',
                      r.stdout), r.stdout
@@ -3403,6 +3413,10 @@ def test_bench_writes_one_record_per_variant_and_mode(tmp_path, capsys, monkeypa
     (['--plot=c.png'], '--report'), (['--plan', '--world_size=3'], '--world_size=3'),
     (['--report='], 'names an empty folder'), (['--report=runs,'], 'empty folder'),
     (['--attn=coupled', '--qk_steps=8'], 'qk_steps must be in 1..7'), (['--qk_hidden=0'], 'qk_hidden must be'),
+    # a job reads only its own flags: the plan is the recipe's, the report the logs'
+    (['--plan', '--preset=tiny', '--attn=euler'], '--plan reads only --world_size, not --attn, --preset'),
+    (['--report=runs', '--plan'], '--report and --plan are different jobs'), (['--world_size=8'], 'by --plan only'),
+    (['--report=runs', '--batch_size=2'], '--report reads only --plot, not --batch_size'),
 ])
 def test_bench_bad_flags_give_one_clear_line(args, words, capsys, monkeypatch):
     r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, *args))

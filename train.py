@@ -63,8 +63,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
-from model import (POS, PRESETS, GPT, GPTConfig, attention_diagnostics, attn_names, autocast_dtype, flops_per_token,
-                   median_layer, peak_flops, qk_diagnostics, qk_flags_read)
+from model import (DIAG_SEQUENCES, POS, PRESETS, GPT, GPTConfig, attention_diagnostics, attn_names, autocast_dtype,
+                   flops_per_token, median_layer, peak_flops, qk_diagnostics, qk_flags_read)
 
 # -----------------------------------------------------------------------------
 _before = set(globals())  # the settings: what this block adds
@@ -368,6 +368,13 @@ except ValueError as e:
 unread = [f"--{k}" for k in given if k.startswith('qk_') and k not in qk_flags_read(model.config)]
 if unread and master:  # e.g. --qk_dt for a map with no step size
     print(f"note: {', '.join(unread)} {'is' if len(unread) == 1 else 'are'} not read by --attn={model.config.attn}")
+square = model.config.n_head * block_size ** 2 * 4  # bytes of one sequence's (nh, T, T) float32 attention a layer
+sizes = {'the diagnostics': DIAG_SEQUENCES * square * bool(diag_interval),  # one layer at a time
+         "a CPU step's backward": batch_size * model.config.n_layer * square * (device_type == 'cpu')}  # every layer's
+big = [f"{gb / 2**30:,.0f} GB for {what}" for what, gb in sizes.items() if gb > 4 * 2**30]  # the OOM killer's size
+if master and big:
+    print(f"note: --block_size={block_size:,} makes attention matrices of {' and '.join(big)}; lower --block_size"
+          " or --batch_size" + (", or set --diag_interval=0" if sizes['the diagnostics'] else ''))
 if checkpoint is not None:
     try:
         model.load_state_dict(checkpoint['model'])

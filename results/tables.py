@@ -15,6 +15,7 @@ from statistics import mean, stdev
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench.py, from any folder
 import bench  # noqa: E402
 from bench import ATTENTION, done, finished, spread_of  # noqa: E402
+from model import GPTConfig  # noqa: E402
 
 
 def attention_table(rows, order):
@@ -91,7 +92,7 @@ def sweep_cells(rows, order, key):
     for k in order:
         values = {}
         for r in rows[k]['runs']:
-            if key in r['config']:
+            if reads(r, key):
                 v = r['config'][key]
                 values.setdefault(v if isinstance(v, (int, float, str, type(None))) else str(v), []).append(r)
         cells += [(k, v, rs) for v, rs in values.items()]
@@ -109,8 +110,22 @@ def series(rows, k, key):
     return f"{attn}" + (' [' + ', '.join(f"{d}={rows[k]['kind'].get(d)}" for d in differ) + ']' if differ else '')
 
 
+def reads(run, key):  # whether the run logged the setting and its variant reads it (standard and diff: no qk_*)
+    if key not in run['config']:
+        return False
+    try:
+        return not key.startswith('qk_') or bool(GPTConfig(attn=run['config'].get('attn', 'standard')).qk_name)
+    except (ValueError, TypeError):  # a variant this model.py does not know
+        return True
+
+
 def check_sweep(rows, key):  # a one-line error for a key no run logged or no run varies; a note for older logs
     runs = [r for row in rows.values() for r in row['runs']]
+    unread = [r['path'] for r in runs if key in r['config'] and not reads(r, key)]
+    if unread:
+        print(f"note: {len(unread)} run(s) have no q/k map and do not read {key}, left out of the sweep: "
+              f"{', '.join(unread)}", file=sys.stderr)
+    runs = [r for r in runs if r['path'] not in unread]
     values = {str(r['config'][key]) for r in runs if key in r['config']}
     if not values:
         sys.exit(f"error: --sweep={key}: no run logged that setting; name a train.py flag, e.g. learning_rate")
@@ -211,6 +226,8 @@ def main(argv=None):
                    'spikes against this train.py setting, e.g. learning_rate')
     p.add_argument('--plot', help="the sweep's picture, or else each row's learning curve, into this file")
     args = p.parse_intermixed_args(argv)
+    if args.sweep is not None and not args.sweep.strip():
+        p.error("--sweep= names no setting; name a train.py flag, e.g. --sweep=learning_rate")
     if args.plot is not None and not os.path.splitext(args.plot)[1]:
         p.error("--plot names a file by its format, e.g. --plot=curves.png")
     report(args.folders, args.plot, args.sweep)

@@ -221,6 +221,18 @@ def test_sweep_of_any_key_plots_every_tabulated_value_and_refuses_a_key_no_run_v
     code, out, err = report(capsys, runs, '--sweep=dataset')
     assert code == 1 and err.strip() == ("error: --sweep=dataset: every run has dataset=pydocs; name a setting the "
                                          "runs vary, e.g. learning_rate")
+    code, out, err = report(capsys, runs, '--sweep=')
+    assert code == 1 and err.strip().startswith('error: --sweep= names no setting')
+    # a q/k setting: the runs without a q/k map (standard) do not read it and stay out of its sweep, with a note
+    fake_run(runs / 'coupled-dt2-s1', CURVE, 8.5, attn='coupled', qk_dt=0.2)
+    for path in runs.iterdir():
+        if 'dt2' not in path.name:
+            log = path / 'metrics.jsonl'
+            log.write_text(log.read_text().replace('"seed": 1', '"seed": 1, "qk_dt": 0.1'))
+    code, out, err = report(capsys, runs, '--sweep=qk_dt')
+    assert code == 0 and 'note: 4 run(s) have no q/k map and do not read qk_dt' in err, err
+    cells = table(out, 'Sweep of').values()
+    assert {c[1].split(' [')[0] for c in cells} == {'coupled'} and {c[2] for c in cells} == {'0.1', '0.2'}, out
 
 
 def test_float32_and_bfloat16_runs_are_rows_apart(tmp_path, capsys):
