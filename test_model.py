@@ -1895,6 +1895,8 @@ def test_training_lowers_validation_loss_and_logs_progress_the_coupling_and_atte
     assert r.returncode == 0
     line = [x for x in r.stdout.splitlines() if x.startswith('iter 40/40')][0]
     assert all(w in line for w in ('loss', 'lr', 'ms/iter', 'tok/s', 'eta')) and '| mfu' not in line  # CPU: no MFU
+    first = [x for x in r.stdout.splitlines() if x.startswith('iter 1/40')][0]
+    assert first.endswith(' | eta -') and re.search(r' \| eta [\d.]+ min$', line), (first, line)  # none from 1 step
     assert 'q/k map: nonlinear' in r.stdout
     evals = [m for m in metrics(tmp_path) if m['event'] == 'eval']
     assert len(evals) == 3 and evals[-1]['val_loss'] < evals[0]['val_loss'] - 1.0

@@ -685,9 +685,10 @@ while True:
         left = (max_iters - iter_num) * (time.time() - t_start) / (iter_num - start_iter)  # evals included
         left = min(left, time_budget - train_time) if time_budget > 0 else left
         mfu = flops_per_iter / elapsed / peak if peak else None
+        eta = f"{max(left, 0) / 60:.1f} min" if iter_num > start_iter + 1 else '-'  # one step and step 0's eval: hours
         print0(f"iter {iter_num}/{max_iters} | loss {lossf:.4f} | lr {lr:.2e} | {elapsed * 1000:.0f} ms/iter | "
                f"{tokens_per_iter / elapsed:,.0f} tok/s" + (f" | mfu {mfu:.1%}" if mfu else '')
-               + f" | eta {max(left, 0) / 60:.1f} min")
+               + f" | eta {eta}")
         log(dict(event='train', iter=iter_num, loss=lossf, lr=lr, ms=elapsed * 1000, tok_s=tokens_per_iter / elapsed,
                  mfu=mfu, tokens=tokens, time=train_time + time.time() - t0))
     train_time += time.time() - t0  # after the log step's sync: a GPU's queue counts
