@@ -729,6 +729,9 @@ def diag_cost(args, device):
     """One eval's diagnostics (train.py's: qk_diagnostics on 8,192 tokens, attention_diagnostics on their first
     sequences) against one forward of the estimate's batch (batch_size sequences, as estimate_loss runs each of its
     batches), for each --attn variant at --preset, --block_size; random tokens. Wall-clock seconds, one call each."""
+    autocast = (torch.autocast(device.split(':')[0], dtype=getattr(torch, args.dtype)) if args.dtype != 'float32'
+                else nullcontext())
+    sync = torch.cuda.synchronize if device.startswith('cuda') else (lambda: None)
     records = []
     for attn in args.attn.split(','):
         cfg = GPTConfig(attn=attn, block_size=args.block_size, vocab_size=args.vocab_size, qk_steps=args.qk_steps,
@@ -736,11 +739,9 @@ def diag_cost(args, device):
         model, gen = GPT(cfg, verbose=False).to(device).eval(), torch.Generator().manual_seed(0)
         batch = torch.randint(args.vocab_size, (args.batch_size, args.block_size), generator=gen).to(device)
         diag = torch.randint(args.vocab_size, (-(-8192 // args.block_size), args.block_size), generator=gen).to(device)
-        autocast = (torch.autocast(device.split(':')[0], dtype=getattr(torch, args.dtype)) if args.dtype != 'float32'
-                    else nullcontext())
-        sync = torch.cuda.synchronize if device.startswith('cuda') else (lambda: None)
         seconds = {}
-        for name, fn in (('forward', lambda: model(batch, batch)), ('qk_diagnostics', lambda: qk_diagnostics(model, diag)),
+        for name, fn in (('forward', lambda: model(batch, batch)),
+                         ('qk_diagnostics', lambda: qk_diagnostics(model, diag)),
                          ('attention_diagnostics', lambda: attention_diagnostics(model, diag))):
             with torch.no_grad(), autocast if name == 'forward' else nullcontext():
                 sync()
@@ -751,8 +752,8 @@ def diag_cost(args, device):
         both = seconds['qk_diagnostics'] + seconds['attention_diagnostics']
         print(f"diagnostics cost: {cfg.attn}, preset {args.preset}, block {args.block_size}, {device}, "
               f"{torch.get_num_threads()} threads: one forward of {args.batch_size} sequences "
-              f"{seconds['forward']:.2f} s; qk_diagnostics ({diag.numel():,} tokens) {seconds['qk_diagnostics']:.2f} s, "
-              f"attention_diagnostics {seconds['attention_diagnostics']:.2f} s: {both / seconds['forward']:.1f} "
+              f"{seconds['forward']:.2f} s; qk_diagnostics ({diag.numel():,} tokens) "
+              f"{seconds['qk_diagnostics']:.2f} s, attention_diagnostics {seconds['attention_diagnostics']:.2f} s: {both / seconds['forward']:.1f} "
               f"forwards, {both / (2 * EVAL_ITERS * seconds['forward']):.1%} of an estimate_loss "
               f"({2 * EVAL_ITERS} forwards)")
         records.append(dict(seconds, attn=cfg.attn, mode='diag_cost'))
