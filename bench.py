@@ -800,7 +800,7 @@ def main():
     reads = dict(report={'report', 'plot'}, plan={'plan', 'world_size'}).get(chosen[0] if chosen else None)
     if reads and given - reads:  # e.g. --plan --preset=tiny: the plan is the recipe's, whatever the flags
         p.error(f"--{chosen[0]} reads only --{', --'.join(sorted(reads - {chosen[0]}))}, not "
-                f"--{', --'.join(sorted(given - reads))}; drop them")
+                f"--{', --'.join(sorted(given - reads))}; drop {'it' if len(given - reads) == 1 else 'them'}")
     if 'world_size' in given and not args.plan:
         p.error("--world_size is read by --plan only: python bench.py --plan --world_size=8")
     if args.report is not None and not all(args.report.split(',')):

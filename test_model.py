@@ -3416,9 +3416,9 @@ def test_bench_writes_one_record_per_variant_and_mode(tmp_path, capsys, monkeypa
     (['--report='], 'names an empty folder'), (['--report=runs,'], 'empty folder'),
     (['--attn=coupled', '--qk_steps=8'], 'qk_steps must be in 1..7'), (['--qk_hidden=0'], 'qk_hidden must be'),
     # a job reads only its own flags: the plan is the recipe's, the report the logs'
-    (['--plan', '--preset=tiny', '--attn=euler'], '--plan reads only --world_size, not --attn, --preset'),
+    (['--plan', '--preset=tiny', '--attn=euler'], '--plan reads only --world_size, not --attn, --preset; drop them'),
     (['--report=runs', '--plan'], '--report and --plan are different jobs'), (['--world_size=8'], 'by --plan only'),
-    (['--report=runs', '--batch_size=2'], '--report reads only --plot, not --batch_size'),
+    (['--report=runs', '--batch_size=2'], '--report reads only --plot, not --batch_size; drop it'),
 ])
 def test_bench_bad_flags_give_one_clear_line(args, words, capsys, monkeypatch):
     r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, *args))

@@ -137,12 +137,18 @@ def train(attn, seed):
         with open(os.path.join(out, 'step.txt.tmp'), 'w') as f:  # atomically: a whole record or none
             f.write(stamp)
         os.replace(os.path.join(out, 'step.txt.tmp'), os.path.join(out, 'step.txt'))
-    return f"{out}: {said}" + ('done' if code == 0 else f"failed (exit {code}); see {out}.log")
+    if code == 0:
+        return f"{out}: {said}done"
+    lines = [l.strip() for l in open(out + '.log', errors='replace') if l.strip()]
+    cause = next((l for l in reversed(lines) if l.startswith('error:')), lines[-1] if lines else 'the log is empty')
+    return f"{out}: {said}failed (exit {code}): {cause}\n  (all of its output: {out}.log)"
 
 
 runs = [(a, s) for s in args.seeds for a in args.attn]
-print(f"training {len(runs)} runs, {args.jobs} at a time: {', '.join(f'{a}-s{s}' for a, s in runs)}", flush=True)
-with ThreadPoolExecutor(args.jobs) as pool:
+jobs = min(args.jobs, len(runs))  # never more at a time than there are runs
+print(f"training {len(runs)} run{'s' * (len(runs) > 1)}, {jobs} at a time: "
+      f"{', '.join(f'{a}-s{s}' for a, s in runs)}", flush=True)
+with ThreadPoolExecutor(jobs) as pool:
     for line in pool.map(lambda r: train(*r), runs):
         print(line, flush=True)
 sys.exit(subprocess.call([sys.executable, os.path.join(ROOT, 'bench.py'), f'--report={args.runs}']))

@@ -744,6 +744,12 @@ def test_lab_exercise_6_launcher_retrains_what_changed_and_leaves_a_running_run_
         os.close(fd)
     assert 'mine-s1: in use by a running train.py (pid 4242, started now); left alone' in out, out
     assert (folder / 'ckpt.pt').exists() and len(open(repo / 'calls').read().splitlines()) == 5
+    # a run that fails: its error line on the console, not only in its log
+    open(repo / 'train.py', 'w').write("print('step 0: loss 5.5')\nprint('error: no data in data; run prepare')\n"
+                                       "print('a last line')\nraise SystemExit(1)\n")
+    out = launch('--learning_rate=1e-3')
+    assert 'mine-s1: its step and flags are not recorded, trained again: failed (exit 1): error: no data in data;' \
+        in out and '(all of its output: runs/mine/mine-s1.log)' in out, out
 
 
 def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_tabulates(lab, monkeypatch):
@@ -770,7 +776,7 @@ def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_t
     # the launcher: the runs, then bench.py's table of them
     out, error, repo, again = lab['launcher']
     assert error.endswith('(exit 0)'), error[-2000:]
-    assert 'training 1 runs, 2 at a time' in out and '| pydocs | mine | 1 |' in out  # then bench.py's table
+    assert 'training 1 run, 1 at a time' in out and '| pydocs | mine | 1 |' in out  # then bench.py's table
     runs = repo / 'runs' / 'mine'
     assert (runs / 'mine-s1' / 'ckpt.pt').exists() and (runs / 'mine-s1.log').exists()
     # run again: kept while `mine` is the same, trained again once it changed (the hash of its source, step.txt)

@@ -119,11 +119,15 @@ def reads(run, key):  # whether the run logged the setting and its variant reads
         return True
 
 
+def counted(paths):  # "1 run", "4 runs"
+    return f"{len(paths)} run{'s' * (len(paths) != 1)}"
+
+
 def check_sweep(rows, key):  # a one-line error for a key no run logged or no run varies; a note for older logs
     runs = [r for row in rows.values() for r in row['runs']]
     unread = [r['path'] for r in runs if key in r['config'] and not reads(r, key)]
     if unread:
-        print(f"note: {len(unread)} run(s) have no q/k map and do not read {key}, left out of the sweep: "
+        print(f"note: {counted(unread)} without a q/k map (which {key} sets) left out of the sweep: "
               f"{', '.join(unread)}", file=sys.stderr)
     runs = [r for r in runs if r['path'] not in unread]
     values = {str(r['config'][key]) for r in runs if key in r['config']}
@@ -134,7 +138,7 @@ def check_sweep(rows, key):  # a one-line error for a key no run logged or no ru
                  f"e.g. learning_rate")
     lack = [r['path'] for r in runs if key not in r['config']]
     if lack:
-        print(f"note: {len(lack)} run(s) did not log {key} (older logs), left out of the sweep: {', '.join(lack)}",
+        print(f"note: {counted(lack)} did not log {key} (older logs), left out of the sweep: {', '.join(lack)}",
               file=sys.stderr)
 
 

@@ -158,7 +158,7 @@ def test_every_setting_is_typed_and_a_key_an_older_log_lacks_leaves_it_out_of_th
     fake_run(tmp_path / 'other' / 'rotary-s1', CURVE, 7.0, pos='rotary')
     code, out, err = report(capsys, runs, tmp_path / 'other', '--sweep=pos')
     assert code == 0 and {c[2] for c in table(out, 'Sweep of').values()} == {'learned', 'rotary'}, out
-    assert '1 run(s) did not log pos (older logs), left out of the sweep' in err and 'old' in table(out)
+    assert '1 run did not log pos (older logs), left out of the sweep' in err and 'old' in table(out)
 
 
 def test_sweep_tabulates_perplexity_diverged_runs_and_spikes_against_a_setting(tmp_path, capsys):
@@ -230,7 +230,7 @@ def test_sweep_of_any_key_plots_every_tabulated_value_and_refuses_a_key_no_run_v
             log = path / 'metrics.jsonl'
             log.write_text(log.read_text().replace('"seed": 1', '"seed": 1, "qk_dt": 0.1'))
     code, out, err = report(capsys, runs, '--sweep=qk_dt')
-    assert code == 0 and 'note: 4 run(s) have no q/k map and do not read qk_dt' in err, err
+    assert code == 0 and 'note: 4 runs without a q/k map (which qk_dt sets) left out' in err, err
     cells = table(out, 'Sweep of').values()
     assert {c[1].split(' [')[0] for c in cells} == {'coupled'} and {c[2] for c in cells} == {'0.1', '0.2'}, out
 
