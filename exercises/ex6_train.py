@@ -35,8 +35,6 @@ args, extra = parser.parse_known_args()
 extra = [a for a in extra if a != '--']
 if args.jobs < 1:
     sys.exit(f"error: --jobs {args.jobs}: give 1 or more runs at a time (default 2, one a core)")
-if args.jobs > (os.cpu_count() or 1):
-    print(f"note: --jobs {args.jobs} on {os.cpu_count()} cores: the runs share them, each slower")
 sys.path.insert(0, ROOT)
 try:
     import model  # the model.py a run trains: yours, with `mine` appended
@@ -146,6 +144,8 @@ def train(attn, seed):
 
 runs = [(a, s) for s in args.seeds for a in args.attn]
 jobs = min(args.jobs, len(runs))  # never more at a time than there are runs
+if jobs > (os.cpu_count() or 1):
+    print(f"note: {jobs} runs at a time on {os.cpu_count()} cores: they share them, each slower")
 print(f"training {len(runs)} run{'s' * (len(runs) > 1)}, {jobs} at a time: "
       f"{', '.join(f'{a}-s{s}' for a, s in runs)}", flush=True)
 with ThreadPoolExecutor(jobs) as pool:
