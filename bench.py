@@ -753,8 +753,8 @@ def diag_cost(args, device):
         print(f"diagnostics cost: {cfg.attn}, preset {args.preset}, block {args.block_size}, {device}, "
               f"{torch.get_num_threads()} threads: one forward of {args.batch_size} sequences "
               f"{seconds['forward']:.2f} s; qk_diagnostics ({diag.numel():,} tokens) "
-              f"{seconds['qk_diagnostics']:.2f} s, attention_diagnostics {seconds['attention_diagnostics']:.2f} s: {both / seconds['forward']:.1f} "
-              f"forwards, {both / (2 * EVAL_ITERS * seconds['forward']):.1%} of an estimate_loss "
+              f"{seconds['qk_diagnostics']:.2f} s, attention_diagnostics {seconds['attention_diagnostics']:.2f} s: "
+              f"{both / seconds['forward']:.1f} forwards, {both / (2 * EVAL_ITERS * seconds['forward']):.1%} of an estimate_loss "
               f"({2 * EVAL_ITERS} forwards)")
         records.append(dict(seconds, attn=cfg.attn, mode='diag_cost'))
     return records

@@ -365,7 +365,8 @@ def write_dataset(out, corpus, input, name, source, tok, val_fraction, digest):
         for split, docs in splits.items():
             tmps[split] = os.path.join(out, f'{split}.bin.tmp{os.getpid()}')
             counts[split], sizes[split] = write_tokens(tmps[split], docs, tok)
-            print(f"{split}: {len(docs):,} document{'s' * (len(docs) != 1)}, {counts[split]:,} tokens, {sizes[split]:,} bytes of text")
+            print(f"{split}: {len(docs):,} document{'s' * (len(docs) != 1)}, {counts[split]:,} tokens, "
+                  f"{sizes[split]:,} bytes of text")
             if counts[split] < MIN_TOKENS:
                 raise DataError(f"the {split} split would hold only {counts[split]} tokens, too few to train or "
                                 f"evaluate on (at least {MIN_TOKENS}); give more text" + (

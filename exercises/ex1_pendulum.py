@@ -48,7 +48,8 @@ for name in names:  # the order p: error ~ dt^p, a straight line of slope p on l
         (a - sum(x) / len(x)) ** 2 for a in x)  # least-squares slope
     ratios = ' '.join(f"{a / b:.2f}x" for a, b in zip(worst[name], worst[name][1:]))
     print(f"{name:8s} each halving of dt from 0.1 divides the error by {ratios}; log-log slope {slopes[name]:.2f}")
-long = {name: energy_errors(name, 0.1, 10_000) for name in names}  # 10,000 steps: time 1000, about 149 swings (the period at 1 rad is 6.70)
+# 10,000 steps: time 1000, about 149 swings (the period at 1 rad is 6.70)
+long = {name: energy_errors(name, 0.1, 10_000) for name in names}
 for name, (errors, _) in long.items():
     print(f"{name:8s} 10000 steps of dt=0.1: largest energy error {max(errors[:1000]):.1e} in the first 1000 steps, "
           f"{max(errors[-1000:]):.1e} in the last 1000")

@@ -30,7 +30,8 @@ except Exception as e:  # a partial copy, a checkpoint still being written, anot
              f"`python train.py --attn=coupled --out_dir={run}`, or use the lab's copy: {QUICK}")
 qk = model.transformer.h[1].attn.qk if model.config.n_layer > 1 else None
 if not (hasattr(qk, 'force') and hasattr(qk, 'dt')):  # standard attention has no q/k map; uncoupled no force
-    sys.exit(f"error: {run} is an --attn={model.config.attn} run with {model.config.n_layer} layer{'s' * (model.config.n_layer != 1)}; exercise 5 reads "
+    layers = f"{model.config.n_layer} layer{'s' * (model.config.n_layer != 1)}"
+    sys.exit(f"error: {run} is an --attn={model.config.attn} run with {layers}; exercise 5 reads "
              f"layer 1's Hamiltonian step: train one with `python train.py --attn=coupled`, or use {QUICK}")
 if model.config.block_size < 48:  # the printed line is 48 positions
     sys.exit(f"error: {run} has block_size {model.config.block_size}, exercise 5 reads a line of 48 positions: "

@@ -75,7 +75,8 @@ def variance_table(ppl, order, least=5):
                 print(f"| {a[0]} | {a[1]} | | | | {b[1]} | - | - | - |")
                 continue
             r, interval, lev = var(x) / var(y), '-', '-'
-            if stats and math.isfinite(var(x)) and math.isfinite(var(y)):  # r / F(0.975) .. r / F(0.025), F with (len(x) - 1, len(y) - 1) degrees of freedom
+            # r / F(0.975) .. r / F(0.025), F with (len(x) - 1, len(y) - 1) degrees of freedom
+            if stats and math.isfinite(var(x)) and math.isfinite(var(y)):
                 f = lambda q: stats.f.ppf(q, len(x) - 1, len(y) - 1)
                 interval, lev = f"{r / f(0.975):.2f} - {r / f(0.025):.2f}", f"{stats.levene(x, y).pvalue:.2f}"
             print(f"| {a[0]} | {a[1]} | | | | {b[1]} | {r:.2f} | {interval} | {lev} |")
