@@ -5,17 +5,22 @@ Run from the repository root:
     python exercises/ex6_train.py                                   homework: 9 runs, about 15 minutes on 2 cores
 A run folder that holds a run already (runs/mine/<attn>-s<seed>) is kept, unless what it trained with changed since:
 the step's source, the source of every model.py function and constant the step names, and train.py's flags (a hash
-in <run>/step.txt). Then it is trained again. A run folder a train.py is still writing is left alone.
+in <run>/step.txt). Then it is trained again, in <run>.new, which replaces it once it ends (a failure keeps the old
+run). A run cut short (Ctrl-C) resumes on the next launch. A run folder a train.py is still writing is left alone.
 Flags after -- go to every train.py (e.g. -- --dataset=shakespeare); --runs names another folder than runs/mine."""
 import argparse
 import hashlib
 import inspect
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROTOCOL = "--max_iters=500 --eval_interval=100 --eval_iters=20 --log_interval=100"  # the results' protocol
@@ -81,6 +86,7 @@ def step_source(attn):
 
 
 sources = {a: step_source(a) for a in args.attn}
+stopping = threading.Event()  # set by Ctrl-C
 
 
 def held(out):
@@ -106,49 +112,99 @@ def held(out):
         os.close(fd)
 
 
+def recorded(folder):
+    """What trained folder's run, as its step.txt records it (None: no record)."""
+    try:
+        return open(os.path.join(folder, 'step.txt')).read()
+    except OSError:
+        return None
+
+
+def ended(folder):
+    """'final' or 'diverged' if the run's last start ended so (its metrics.jsonl says), else None."""
+    events = []
+    with suppress(OSError):
+        for line in open(os.path.join(folder, 'metrics.jsonl'), errors='replace'):
+            with suppress(ValueError, AttributeError):
+                events.append(json.loads(line).get('event'))
+    ends = [e for e in events if e in ('start', 'final', 'diverged')]
+    return ends[-1] if ends and ends[-1] != 'start' else None
+
+
 def train(attn, seed):
     out, flags = os.path.join(args.runs, f"{attn}-s{seed}"), [*PROTOCOL.split(), *extra]
     record = f"train.py {' '.join(flags)}\n{sources[attn]}"  # what trained it: the flags, then the step's source
     stamp = hashlib.sha256(record.encode()).hexdigest()[:12] + '\n' + record  # what <out>/step.txt records
-    who = held(out)
-    if who:
-        return f"{out}: in use by a running train.py ({who}); left alone: wait for it, or stop it, then run again"
-    said = ''
-    if os.path.exists(os.path.join(out, 'ckpt.pt')):
-        try:
-            kept = open(os.path.join(out, 'step.txt')).read()
-        except OSError:
-            kept = None  # a run of an older launcher: what trained it is not known
-        if kept == stamp:
-            return f"{out}: holds a run of this step and these flags already, kept"
-        old = re.match(r'[0-9a-f]{12}\ntrain\.py (.*)\n', kept or '')
+    new = out + '.new'  # a stale run's retraining: the stale run stays whole until its retraining ends
+    for folder in (out, new):
+        who = held(folder)
+        if who:
+            return (f"{folder}: in use by a running train.py ({who}); left alone: wait for it, or stop it, then run "
+                    "again")
+    said, dest = '', out
+    if os.path.exists(os.path.join(out, 'ckpt.pt')) and recorded(out) != stamp:
+        old = re.match(r'[0-9a-f]{12}\ntrain\.py (.*)\n', recorded(out) or '')
         why = ('its step and flags are not recorded' if not old else 'its flags changed since'
                if old.group(1) != ' '.join(flags) else 'its step changed since')
-        shutil.rmtree(out)  # a stale run: another step or other flags trained it, or no record names them
-        said = f"{why}, trained again: "
-    os.makedirs(args.runs, exist_ok=True)
-    with open(out + '.log', 'w') as log:  # each run's output, beside its folder
-        code = subprocess.call([sys.executable, os.path.join(ROOT, 'train.py'), f'--seed={seed}', f'--attn={attn}',
-                                *PROTOCOL.split(), f'--out_dir={out}', *extra], stdout=log, stderr=subprocess.STDOUT,
-                               env=dict(os.environ, OMP_NUM_THREADS='1'))
-    if code == 0:
-        with open(os.path.join(out, 'step.txt.tmp'), 'w') as f:  # atomically: a whole record or none
-            f.write(stamp)
-        os.replace(os.path.join(out, 'step.txt.tmp'), os.path.join(out, 'step.txt'))
+        said, dest = f"{why}, trained again: ", new
+    if os.path.isdir(new) and (dest == out or recorded(new) != stamp):
+        shutil.rmtree(new)  # a retraining cut short, of other flags or a step since changed: nothing to keep
+    resume = os.path.exists(os.path.join(dest, 'ckpt.pt'))  # then step.txt matches: an interrupted run
+    if resume and dest == out and ended(out):
+        how = ' (it diverged)' * (ended(out) == 'diverged')
+        return f"{out}: holds a run of this step and these flags already{how}, kept"
+    os.makedirs(dest, exist_ok=True)
+    with open(os.path.join(dest, 'step.txt.tmp'), 'w') as f:  # atomically: a whole record or none
+        f.write(stamp)
+    os.replace(os.path.join(dest, 'step.txt.tmp'), os.path.join(dest, 'step.txt'))
+    code = 0
+    if stopping.is_set():  # Ctrl-C came while this run was being set up
+        return ''
+    if not (resume and ended(dest)):  # (a retraining that ended, its folder not yet renamed: it is done)
+        with open(dest + '.log', 'a' if resume else 'w') as log:  # each run's output, beside its folder
+            code = subprocess.call([sys.executable, os.path.join(ROOT, 'train.py'), f'--seed={seed}',
+                                    f'--attn={attn}', *flags, f'--out_dir={dest}', *['--init_from=resume'] * resume],
+                                   stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    said += 'interrupted before, resumed: ' * resume
+    if code in (130, -signal.SIGINT):
+        return f"{out}: {said}interrupted; run the same command again to resume it"
+    lines = [l.strip() for l in open(dest + '.log', errors='replace') if l.strip()] if code else []
+    cause = next((l for l in reversed(lines) if l.startswith('error:')), lines[-1] if lines else 'the log is empty')
+    if dest == new and (code == 0 or ended(new)):  # done, or diverged (a result too): it replaces the stale run
+        shutil.rmtree(out)
+        os.replace(new, out)
+        os.replace(new + '.log', out + '.log')
+    elif dest == new:  # it failed: the stale run stays
+        if not os.path.exists(os.path.join(new, 'ckpt.pt')):
+            shutil.rmtree(new)
+        return (f"{out}: {said}failed (exit {code}): {cause}\n  (all of its output: {new}.log; the run the folder "
+                f"held, of the earlier step or flags, is kept, and its row below is that run's)")
     if code == 0:
         return f"{out}: {said}done"
-    lines = [l.strip() for l in open(out + '.log', errors='replace') if l.strip()]
-    cause = next((l for l in reversed(lines) if l.startswith('error:')), lines[-1] if lines else 'the log is empty')
+    if ended(out) == 'diverged':  # a result, not a failure: the table counts it among the seeds
+        return f"{out}: {said}diverged: {cause.removeprefix('error: ').split(';')[0]}; the table counts it"
     return f"{out}: {said}failed (exit {code}): {cause}\n  (all of its output: {out}.log)"
 
 
-runs = [(a, s) for s in args.seeds for a in args.attn]
+runs = [(a, s) for s in dict.fromkeys(args.seeds) for a in dict.fromkeys(args.attn)]
+if len(runs) < len(args.seeds) * len(args.attn):
+    print("note: a repeated --attn or seed is trained once")
 jobs = min(args.jobs, len(runs))  # never more at a time than there are runs
 if jobs > (os.cpu_count() or 1):
     print(f"note: {jobs} runs at a time on {os.cpu_count()} cores: they share them, each slower")
 print(f"training {len(runs)} run{'s' * (len(runs) > 1)}, {jobs} at a time: "
       f"{', '.join(f'{a}-s{s}' for a, s in runs)}", flush=True)
-with ThreadPoolExecutor(jobs) as pool:
+failed, pool = 0, ThreadPoolExecutor(jobs)
+try:
     for line in pool.map(lambda r: train(*r), runs):
+        failed += ' failed (exit ' in line.split('\n')[0]
         print(line, flush=True)
-sys.exit(subprocess.call([sys.executable, os.path.join(ROOT, 'bench.py'), f'--report={args.runs}']))
+except KeyboardInterrupt:  # Ctrl-C reaches every train.py too: each stops at its checkpoint; no run starts after it
+    stopping.set()
+    pool.shutdown(cancel_futures=True)
+    print("Ctrl-C: stopped; run the same command again to resume the runs cut short", file=sys.stderr)
+    sys.exit(130)
+code = subprocess.call([sys.executable, os.path.join(ROOT, 'bench.py'), f'--report={args.runs}'])
+if failed:
+    sys.exit(f"error: {failed} of {len(runs)} runs failed (their lines above say why)")
+sys.exit(code)

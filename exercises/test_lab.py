@@ -9,7 +9,9 @@ import math
 import os
 import re
 import shutil
+import signal
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,7 +24,8 @@ import model as M  # noqa: E402
 from model import FORCES, INTEGRATORS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Integrator, qk_diagnostics
 import test_model as T
 from test_model import (CLAIMS, HERE, SMALL, Elementwise, Pendulum, build, counted_and_priced_matmul_flops, entry_map,
-                        hamiltonian, idx_batch, jacobian_det, measure, one_head, one_line_error, qk_pair, run, yoshida)
+                        hamiltonian, idx_batch, jacobian_det, measure, one_head, one_line_error, qk_pair, run, start,
+                        yoshida)
 from test_model import corpus, no_run_outlives_the_tests, seeded  # noqa: F401  (fixtures, shared)
 
 
@@ -698,6 +701,21 @@ def test_lab_answer_5_the_learned_model_holds_its_numbers_and_formulas(lab):
     assert model.config.bias is False and 'is therefore a lower bound' in answer
 
 
+def stub(repo, end='final', code=0, wait=0):
+    """A stub train.py (a run: its folder, a checkpoint, a log that starts and ends with `end`; its calls counted,
+    its exit code `code`, after `wait` seconds) and an empty bench.py."""
+    open(repo / 'train.py', 'w').write(
+        "import json, os, sys, time\nout = [a for a in sys.argv if a.startswith('--out_dir=')][0][10:]\n"
+        "os.makedirs(out, exist_ok=True); open(os.path.join(out, 'ckpt.pt'), 'w').close()\n"
+        "open('calls', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        f"time.sleep({wait})\n"
+        "with open(os.path.join(out, 'metrics.jsonl'), 'a') as f:\n"
+        f"    f.write('{{\"event\": \"start\"}}\\n{{\"event\": \"{end}\"}}\\n')\n"
+        f"print('error: the loss is not finite at iteration 3; stopped' if {code} == 3 else 'ok')\n"
+        f"sys.exit({code})\n")
+    open(repo / 'bench.py', 'w').write('')
+
+
 def test_lab_exercise_6_launcher_retrains_what_changed_and_leaves_a_running_run_alone(tmp_path):
     """ex6_train.py with stub train.py and bench.py (a run is a ckpt.pt): a run is kept only while its step, what the
     step calls in model.py, and train.py's flags are the same; a folder a train.py holds is never deleted."""
@@ -705,11 +723,7 @@ def test_lab_exercise_6_launcher_retrains_what_changed_and_leaves_a_running_run_
     repo = tmp_path / 'repo'
     os.makedirs(repo / 'exercises')
     shutil.copy(os.path.join(LAB, 'ex6_train.py'), repo / 'exercises')
-    open(repo / 'train.py', 'w').write(  # a stub run: its folder and a checkpoint; its calls counted
-        "import os, sys\nout = [a for a in sys.argv if a.startswith('--out_dir=')][0][10:]\n"
-        "os.makedirs(out, exist_ok=True); open(os.path.join(out, 'ckpt.pt'), 'w').close()\n"
-        "open('calls', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
-    open(repo / 'bench.py', 'w').write('')
+    stub(repo)
     helper = "\nHALF = 0.5\n\n\ndef half_kick(h, q, k, dt):\n    return k + h.force(q, HALF * dt)\n"
     template = lab_text('ex6_mine.py').replace('k = k + h.force(q, dt / 2)', 'k = half_kick(h, q, k, dt)')
     assert template.count('half_kick') == 2
@@ -749,7 +763,44 @@ def test_lab_exercise_6_launcher_retrains_what_changed_and_leaves_a_running_run_
                                        "print('a last line')\nraise SystemExit(1)\n")
     out = launch('--learning_rate=1e-3')
     assert 'mine-s1: its step and flags are not recorded, trained again: failed (exit 1): error: no data in data;' \
-        in out and '(all of its output: runs/mine/mine-s1.log)' in out, out
+        in out and '(all of its output: runs/mine/mine-s1.new.log; the run the folder held' in out, out
+    assert (folder / 'ckpt.pt').exists() and not (folder.parent / 'mine-s1.new').exists()  # the stale run stays
+
+
+def test_lab_exercise_6_launcher_resumes_a_run_cut_short_counts_failures_and_stops_on_ctrl_c(tmp_path):
+    """ex6_train.py with stub runs: an interrupted run is resumed, a diverged one is a result (kept, not retrained,
+    not a failure), a failed one makes the launcher exit 1 after the table, a repeated seed is trained once, and
+    Ctrl-C stops it with one line and exit 130, starting no run after it."""
+    repo = tmp_path / 'repo'
+    os.makedirs(repo / 'exercises')
+    shutil.copy(os.path.join(LAB, 'ex6_train.py'), repo / 'exercises')
+    shutil.copy(os.path.join(HERE, 'model.py'), repo)
+    launch = lambda *seeds: run(repo / 'exercises' / 'ex6_train.py', 'coupled', '--seeds', *seeds, cwd=repo)  # noqa
+    calls = lambda: open(repo / 'calls').read().splitlines()  # noqa: E731
+    stub(repo, end='start', code=130)  # Ctrl-C: a checkpoint, no final
+    r = launch('1')
+    assert r.returncode == 0 and 'coupled-s1: interrupted; run the same command again to resume it' in r.stdout
+    stub(repo)
+    r = launch('1')
+    assert 'coupled-s1: interrupted before, resumed: done' in r.stdout and '--init_from=resume' in calls()[-1]
+    assert 'already, kept' in launch('1').stdout and len(calls()) == 2
+    stub(repo, end='diverged', code=3)
+    r = launch('2', '2')
+    assert 'note: a repeated --attn or seed is trained once' in r.stdout and len(calls()) == 3
+    assert r.returncode == 0 and 'coupled-s2: diverged: the loss is not finite at iteration 3' in r.stdout, r.stdout
+    assert 'already (it diverged), kept' in launch('2').stdout and len(calls()) == 3
+    stub(repo, end='start', code=1)
+    r = launch('3', '4')
+    assert r.returncode == 1 and r.stderr.strip() == 'error: 2 of 2 runs failed (their lines above say why)', r
+    stub(repo, wait=3)  # Ctrl-C while the first of two runs (one at a time) trains
+    p = start(repo / 'exercises' / 'ex6_train.py', 'coupled', '--seeds', '5', '6', '--jobs', '1', cwd=repo)
+    while len(calls()) < 6:
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err.strip().endswith('Ctrl-C: stopped; run the same command again to resume the '
+                                                        'runs cut short'), (out, err)
+    assert len(calls()) == 6 and not (repo / 'runs' / 'mine' / 'coupled-s6').exists()
 
 
 def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_tabulates(lab, monkeypatch):
