@@ -298,6 +298,10 @@ def by_seed(runs):  # {seed: the final perplexities of its runs}
 def rows_of(folders):
     """The rows of the finished runs under folders, each row's final perplexities (one a seed: the mean of the runs
     that repeat it) and the notes to print last."""
+    for top in folders:
+        if not os.path.isdir(top):  # a typo would else be no runs, or a table quietly short of a folder's rows
+            sys.exit(f"error: {top} is {'a file, ' if os.path.exists(top) else ''}not a run folder; name run folders "
+                     "(the --out_dir of train.py), or folders above them")
     runs = load_runs(folders)
     if not runs:
         sys.exit(f"error: no finished train.py runs in {', '.join(folders)}; name run folders (--out_dir of train.py)")
@@ -337,6 +341,13 @@ def results_table(rows, ppl):
             rel = f"{100 * (finite_mean(p) / finite_mean(ppl[base]) - 1):+.1f}%"
             if rows[base]['kind']['tokens'] != tokens:  # never compared silently
                 rel += f" at {tokens / rows[base]['kind']['tokens']:.2f}x its tokens"
+            theirs = rows[base]['kind']
+            trained = sorted(k for k in set(row['kind']) | set(theirs) if k not in ('tokens', 'attn')
+                             and not k.startswith('qk_') and row['kind'].get(k) != theirs.get(k))
+            if trained:  # another training (a learning rate, dropout, steps): said, not compared silently
+                at = ', '.join(f"{k}={theirs.get(k)} (this row: {row['kind'].get(k)})" for k in trained)
+                print(f"note: {corpus}/{name}: 'vs standard' compares with {base[1]}, trained at {at}",
+                      file=sys.stderr)
         ratio, ref = token_ratio(row, rows, corpus)
         if ref:
             used.add(ref)

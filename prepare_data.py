@@ -29,6 +29,7 @@ import gzip  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
+import shlex  # noqa: E402
 import sys  # noqa: E402
 import sysconfig  # noqa: E402
 import time  # noqa: E402
@@ -493,6 +494,7 @@ def load(data_dir, name, block_size):
     path = os.path.join(data_dir, name)
     meta_path = os.path.join(path, 'meta.json')
     command = f"python prepare_data.py {name if name in CORPORA else '--input=PATH --name=' + name}"
+    command += f" --data_dir={shlex.quote(data_dir)}" * (os.path.normpath(data_dir) != 'data')  # where it looks
     again = f"run {command} --force"
     if not os.path.isfile(meta_path):
         raise DataError(f"{meta_path} not found; prepare the corpus first: {command}")

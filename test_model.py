@@ -1563,6 +1563,17 @@ def test_prepare_failure_leaves_no_partial_output(tmp_path, monkeypatch):
     assert r.returncode != 0 and not (tmp_path / 'data' / 'missing').exists()
 
 
+def test_a_corpus_not_prepared_names_the_command_that_prepares_it_where_the_run_looks(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # (no data/ here)
+    for data_dir, name, command in (('data', 'pydocs', 'python prepare_data.py pydocs'),
+                                    (str(tmp_path / 'my data'), 'web', f"python prepare_data.py web "
+                                                                       f"--data_dir='{tmp_path / 'my data'}'"),
+                                    ('data', 'mine', 'python prepare_data.py --input=PATH --name=mine')):
+        with pytest.raises(prepare_data.DataError) as e:
+            prepare_data.load(data_dir, name, 32)
+        assert str(e.value).endswith(f"not found; prepare the corpus first: {command}"), e.value
+
+
 def test_prepare_ctrl_c_at_work_removes_what_it_began(tmp_path):
     src = tmp_path / 'docs'
     src.mkdir()
@@ -3022,6 +3033,7 @@ def test_report_reads_the_tokens_standard_needs_off_its_curves(tmp_path):
              max_iters=9)  # a longer standard run: its curve reaches further
     fake_run(tmp_path / 'coupled-s1', [(0, 5.0), (256, 3.2), (512, 2.9)], 9.0, attn='coupled')
     fake_run(tmp_path / 'uncoupled-s1', [(0, 5.0), (256, 3.0), (512, 1.0)], 6.0, attn='uncoupled')
+    fake_run(tmp_path / 'euler-s1', [(0, 5.0), (512, 2.9)], 9.0, attn='euler', learning_rate=3e-3)
     r = run('bench.py', f'--report={tmp_path}')
     assert r.returncode == 0, r.stderr
     rows = report_rows(r.stdout)
@@ -3031,6 +3043,9 @@ def test_report_reads_the_tokens_standard_needs_off_its_curves(tmp_path):
     assert rows['uncoupled'][5] == '> 2.25x'  # 1.0: never, the curve ends at 1152 tokens
     assert rows['standard-2.4x'][4] == '-12.5% at 2.25x its tokens'  # different tokens: never compared silently
     assert 'reads the curve of standard-2.4x (1 seed, 5 evals to 1,152 tokens)' in r.stdout
+    # another training than its baseline's: said (only there), not compared silently
+    assert "note: pydocs/euler: 'vs standard' compares with standard, trained at learning_rate=0.001 (this row: " \
+        "0.003)" in r.stderr and 'pydocs/coupled: ' not in r.stderr, r.stderr
 
 
 def test_report_splits_a_label_whose_runs_differ_and_skips_what_is_not_a_record(corpus, tmp_path):
@@ -3414,6 +3429,8 @@ def test_bench_writes_one_record_per_variant_and_mode(tmp_path, capsys, monkeypa
     (['--json_out=/nonexistent/dir/b.jsonl'], 'json_out'), (['--device=tpu'], 'unknown'),
     (['--plot=c.png'], '--report'), (['--plan', '--world_size=3'], '--world_size=3'),
     (['--report='], 'names an empty folder'), (['--report=runs,'], 'empty folder'),
+    (['--report=.,no-such-runs'], 'no-such-runs is not a run folder'),
+    (['--report=README.md'], 'README.md is a file, not a run folder'),
     (['--attn=coupled', '--qk_steps=8'], 'qk_steps must be in 1..7'), (['--qk_hidden=0'], 'qk_hidden must be'),
     # a job reads only its own flags: the plan is the recipe's, the report the logs'
     (['--plan', '--preset=tiny', '--attn=euler'], '--plan reads only --world_size, not --attn, --preset; drop them'),

@@ -193,8 +193,9 @@ def plot_sweep(rows, path, key):
             ax.plot([nudge(x, i) for x in xs], [0.95] * len(xs), 'x', color=f"C{i % 10}", ms=7,
                     transform=ax.get_xaxis_transform())
         axis = '' if log or not by_number else ' (linear axis: a value is 0 or below)'
-        ax.set(xlabel=key + axis, ylabel='val perplexity (full split)', title=f"{corpus}: x along the top, a diverged "
-               "run", xscale='log' if log else 'linear')
+        crosses = ": x along the top, a diverged run" if any(diverged.values()) else ''
+        ax.set(xlabel=key + axis, ylabel='val perplexity (full split)', title=corpus + crosses,
+               xscale='log' if log else 'linear')
         if not by_number:
             ax.set_xticks(range(len(values)), [str(v) for v in values])
         ax.grid(alpha=0.3, which='both')

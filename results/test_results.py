@@ -152,8 +152,8 @@ def test_every_setting_is_typed_and_a_key_an_older_log_lacks_leaves_it_out_of_th
     assert '| pydocs | standard | 0.004 | 1 | 8.000 |' in out  # old-s1: alone at its rate, so on standard's line
     assert rows['coupled'][3] == 'inf (1 of 1 diverged)' and rows['coupled'][8] == '5,120'  # 40 x 128 tokens
     assert 'bad' not in rows and 'bad-s1/metrics.jsonl: a setting among max_iters' in err
-    code, out, err = report(capsys, runs, '--sweep=pos', runs / 'standard-s1', runs / 'old-s1',
-                            tmp_path / 'other')  # nothing there
+    os.makedirs(tmp_path / 'other')  # nothing there yet
+    code, out, err = report(capsys, runs, '--sweep=pos', runs / 'standard-s1', runs / 'old-s1', tmp_path / 'other')
     assert code == 1 and 'every run has pos=learned' in err  # old-s1 left out of the sweep, not of the report
     fake_run(tmp_path / 'other' / 'rotary-s1', CURVE, 7.0, pos='rotary')
     code, out, err = report(capsys, runs, tmp_path / 'other', '--sweep=pos')
@@ -191,13 +191,14 @@ def test_sweep_tabulates_perplexity_diverged_runs_and_spikes_against_a_setting(t
                   if line.startswith('| pydocs | standard')) == [['1', '1'], ['1', '1'], ['2', '1'], ['2', '1']]
 
 
-def plotted(monkeypatch, capsys, *args):  # the sweep's picture: per panel, its x scale, label and each line's points
+def plotted(monkeypatch, capsys, *args):  # the sweep's picture: per panel, its x scale, label (then title) and lines
     pytest.importorskip('matplotlib')
     figures = []
     monkeypatch.setattr(tables.bench, 'save', lambda fig, path: figures.append(fig))
     code, out, err = report(capsys, *args, '--plot=p.png')
     assert code == 0 and len(figures) == 1, err
-    return out, [(ax.get_xscale(), ax.get_xlabel(), [list(map(float, line.get_xdata())) for line in ax.lines])
+    return out, [(ax.get_xscale(), f'{ax.get_xlabel()} | {ax.get_title()}',
+                  [list(map(float, line.get_xdata())) for line in ax.lines])
                  for ax in figures[0].axes]
 
 
@@ -218,6 +219,13 @@ def test_sweep_of_any_key_plots_every_tabulated_value_and_refuses_a_key_no_run_v
     out, [(scale, label, lines)] = plotted(monkeypatch, capsys, runs, '--sweep=bias')
     assert [0.0, 1.0] in lines and lines.count([0.0]) == 3  # standard at dropout 0: False and True; the rest alone
     assert '| pydocs | standard [dropout=0.0] | True | 1 | 7.500 |' in out
+    assert 'x along the top, a diverged run' in label  # (the title) coupled's seed at 0.1 diverged
+    out, [(scale, label, lines)] = plotted(monkeypatch, capsys, runs / 'standard-bias-s1', runs / 'standard-0.1-s1',
+                                           '--sweep=bias')
+    assert label.endswith('| pydocs'), label  # no diverged run: no word of crosses
+    code, out, err = report(capsys, runs, tmp_path / 'no-such-runs')  # a typo: not a table short of its rows
+    assert code == 1 and err.strip().endswith('no-such-runs is not a run folder; name run folders (the --out_dir of '
+                                              'train.py), or folders above them'), err
     code, out, err = report(capsys, runs, '--sweep=dataset')
     assert code == 1 and err.strip() == ("error: --sweep=dataset: every run has dataset=pydocs; name a setting the "
                                          "runs vary, e.g. learning_rate")
