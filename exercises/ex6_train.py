@@ -147,6 +147,11 @@ def train(attn, seed):
         why = ('its step and flags are not recorded' if not old else 'its flags changed since'
                if old.group(1) != ' '.join(flags) else 'its step changed since')
         said, dest = f"{why}, trained again: ", new
+    if dest == out and not os.path.exists(os.path.join(out, 'ckpt.pt')) and recorded(new) == stamp:
+        shutil.rmtree(out, ignore_errors=True)  # a retraining whose rename was cut short: it is this run
+        os.replace(new, out)
+        with suppress(OSError):
+            os.replace(new + '.log', out + '.log')
     if os.path.isdir(new) and (dest == out or recorded(new) != stamp):
         shutil.rmtree(new)  # a retraining cut short, of other flags or a step since changed: nothing to keep
     resume = os.path.exists(os.path.join(dest, 'ckpt.pt'))  # then step.txt matches: an interrupted run
@@ -199,12 +204,12 @@ try:
     for line in pool.map(lambda r: train(*r), runs):
         failed += ' failed (exit ' in line.split('\n')[0]
         print(line, flush=True)
+    code = subprocess.call([sys.executable, os.path.join(ROOT, 'bench.py'), f'--report={args.runs}'])
 except KeyboardInterrupt:  # Ctrl-C reaches every train.py too: each stops at its checkpoint; no run starts after it
     stopping.set()
     pool.shutdown(cancel_futures=True)
     print("Ctrl-C: stopped; run the same command again to resume the runs cut short", file=sys.stderr)
     sys.exit(130)
-code = subprocess.call([sys.executable, os.path.join(ROOT, 'bench.py'), f'--report={args.runs}'])
 if failed:
     sys.exit(f"error: {failed} of {len(runs)} runs failed (their lines above say why)")
 sys.exit(code)

@@ -789,6 +789,9 @@ def test_lab_exercise_6_launcher_resumes_a_run_cut_short_counts_failures_and_sto
     assert 'note: a repeated --attn or seed is trained once' in r.stdout and len(calls()) == 3
     assert r.returncode == 0 and 'coupled-s2: diverged: the loss is not finite at iteration 3' in r.stdout, r.stdout
     assert 'already (it diverged), kept' in launch('2').stdout and len(calls()) == 3
+    folder = repo / 'runs' / 'mine' / 'coupled-s2'  # a retraining that ended, its rename to the run cut short
+    os.rename(folder, f'{folder}.new')
+    assert 'already (it diverged), kept' in launch('2').stdout and folder.is_dir() and len(calls()) == 3
     stub(repo, end='start', code=1)
     r = launch('3', '4')
     assert r.returncode == 1 and r.stderr.strip() == 'error: 2 of 2 runs failed (their lines above say why)', r
