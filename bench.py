@@ -351,7 +351,14 @@ def results_table(rows, ppl):
         ratio, ref = token_ratio(row, rows, corpus)
         if ref:
             used.add(ref)
-        qk = [r['evals'][-1].get('qk') for r in done(row['runs']) if r['evals']]
+        qk = []  # each finished seed's final q/k diagnostics, per layer
+        for r in done(row['runs']):
+            q = r['evals'][-1].get('qk') if r['evals'] else None
+            if q and len(q) != r['config'].get('n_layer', len(q)):  # a median over fewer layers is another figure
+                print(f"note: {r['path']}: its final q/k diagnostics logged {len(q)} of {r['config']['n_layer']} "
+                      "layers; left out of the nonlinear and dt columns", file=sys.stderr)
+            elif q:
+                qk.append(q)
         nonlin = [n for n in (median_layer(q, 'nonlinear') for q in qk if q) if n is not None]  # None: too few tokens
         dts = [mean(d for s in q for d in s.get('dt', [])) for q in qk if q and q[0].get('dt')]
         ms = [m for r in row['runs'] for m in r['ms'][1:] or r['ms']]

@@ -573,7 +573,9 @@ def check_losses():  # losses since the last check; stop before any save at a no
         flags = torch.stack([bad, torch.tensor(float(os.getppid() != launcher), device=bad.device)])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         bad, gone = flags.tolist()
-        if gone:  # SIGKILL to torchrun leaves its ranks running, their parent changed
+        if gone and not master:  # SIGKILL to torchrun leaves its ranks running, their parent changed
+            shutdown(1)  # (one line for all ranks: rank 0's)
+        if gone:
             die(f"torchrun, the launcher, is gone (killed?); all ranks stop at iteration {iter_num}; "
                 f"{resume_hint()}", code=1)
     losses, pending = losses.cpu().tolist(), []

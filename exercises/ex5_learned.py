@@ -19,15 +19,18 @@ if os.path.basename(run) == 'ckpt.pt' and os.path.isfile(run):  # the checkpoint
     run = os.path.dirname(run) or '.'
 if not run.strip():
     sys.exit(f"error: the run folder is empty; name one (train.py's --out_dir), e.g. {QUICK}")
+copy = f"use the lab's copy: {QUICK}"
+if os.path.realpath(run) == os.path.join(os.path.dirname(os.path.realpath(__file__)), 'quickstart'):
+    copy = "restore the lab's copy: git checkout exercises/quickstart"  # it is the copy that is broken
 if not os.path.exists(os.path.join(run, 'ckpt.pt')):
-    sys.exit(f"error: no {run}/ckpt.pt; wait for the quick start to finish, or use the lab's copy of one: {QUICK}")
+    sys.exit(f"error: no {run}/ckpt.pt; wait for the quick start to finish, or {copy}")
 try:
     ckpt = torch.load(os.path.join(run, 'ckpt.pt'), weights_only=True)
     model = GPT(GPTConfig(**ckpt['model_args']), verbose=False).eval()
     model.load_state_dict(ckpt['model'])
 except Exception as e:  # a partial copy, a checkpoint still being written, another program's file
     sys.exit(f"error: {run}/ckpt.pt cannot be read ({type(e).__name__}); train it again with "
-             f"`python train.py --attn=coupled --out_dir={run}`, or use the lab's copy: {QUICK}")
+             f"`python train.py --attn=coupled --out_dir={run}`, or {copy}")
 qk = model.transformer.h[1].attn.qk if model.config.n_layer > 1 else None
 if not (hasattr(qk, 'force') and hasattr(qk, 'dt')):  # standard attention has no q/k map; uncoupled no force
     layers = f"{model.config.n_layer} layer{'s' * (model.config.n_layer != 1)}"

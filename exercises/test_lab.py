@@ -167,8 +167,8 @@ def test_lab_scripts_run_and_draw_their_picture_or_say_how_to_get_it(lab):
 #   digits:   a printed figure, to the digits the worksheet gives (half a unit in its last place);
 #   power2:   a growth factor the worksheet rounds to a power of 2 ("a factor of 4"), within a quarter of a power of 2;
 #   order:    the order p of that factor 2^p ("order 2"), within 0.25;
-#   roundoff: a rounding error (it moves with the BLAS, the CPU and the torch version), within a factor of 3: this
-#             still tells 7e-07 from 5e-06.
+#   roundoff: a rounding error (it moves with the BLAS, the CPU and the torch version), within a factor of 10: two
+#             CPUs gave 3e-15 and 1e-14 for one figure; this still tells float32's 1e-07 from float64's 1e-15.
 def figures(out, pattern):
     rows = re.findall(pattern, out)
     assert rows, f"the output has no line like {pattern!r}:\n{out}"
@@ -295,7 +295,7 @@ def close(text, value, how):
     if how == 'order':
         return abs(x - math.log2(value)) <= 0.25
     assert how == 'roundoff', how
-    return 1 / 3 <= x / value <= 3
+    return 1 / 10 <= x / value <= 10
 
 
 def look_for(n, text=None):  # the paragraph, up to its picture or the next bold heading (exercise 6's homework)
@@ -1035,7 +1035,13 @@ def test_lab_scripts_refuse_bad_input_in_one_line(tmp_path):
     os.makedirs(tmp_path / 'noval')
     shutil.copy(os.path.join(LAB, 'quickstart', 'ckpt.pt'), tmp_path / 'noval')  # no val.bin beside it, no data/
     ex5 = os.path.join(LAB, 'ex5_learned.py')
-    cases = [((os.path.join(LAB, 'ex1_pendulum.py'), 'bogus'), 'cat exercises/ex6_mine.py >> model.py'),
+    os.makedirs(tmp_path / 'repo' / 'exercises' / 'quickstart')  # the lab's own copy broken: restored, not named
+    shutil.copy(ex5, tmp_path / 'repo' / 'exercises'), shutil.copy(os.path.join(HERE, 'model.py'), tmp_path / 'repo')
+    shutil.copy(tmp_path / 'truncated' / 'ckpt.pt', tmp_path / 'repo' / 'exercises' / 'quickstart')
+    cases = [((tmp_path / 'repo' / 'exercises' / 'ex5_learned.py', 'repo/exercises/quickstart'),
+              "cannot be read (RuntimeError); train it again with `python train.py --attn=coupled --out_dir=repo/"
+              "exercises/quickstart`, or restore the lab's copy: git checkout exercises/quickstart"),
+((os.path.join(LAB, 'ex1_pendulum.py'), 'bogus'), 'cat exercises/ex6_mine.py >> model.py'),
              ((os.path.join(LAB, 'ex2_jacobian.py'), 'leapfrog', 'bogus'), 'cat exercises/ex6_mine.py >> model.py'),
              ((ex5, 'standard'), 'python train.py --attn=coupled'), ((ex5, 'short'), 'block_size 32'),
              ((ex5, 'truncated'), 'cannot be read'), ((ex5, 'noval'), 'run `python prepare_data.py`'),

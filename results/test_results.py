@@ -130,6 +130,17 @@ def test_a_layer_table_only_from_seeds_with_every_layer_and_finite_diagnostics(t
     assert 'diverged' not in out and 'standard-s2/metrics.jsonl: its final attention diagnostics logged 1 of 2 ' \
         'layers; left out of the attention table' in err and 'standard-s3/metrics.jsonl: its final attention ' \
         'diagnostics are not all finite' in err
+    # the q/k diagnostics too: a seed whose final eval lost a layer's is out of the nonlinear column, said so
+    fake_run(runs / 'coupled-s1', CURVE, 8.0, attn='coupled', nonlinear=0.02)
+    fake_run(runs / 'coupled-s2', CURVE, 8.0, attn='coupled', seed=2, nonlinear=0.06)
+    log = runs / 'coupled-s2' / 'metrics.jsonl'
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    next(r for r in reversed(records) if r['event'] == 'eval')['qk'] = [dict(nonlinear=0.5)]  # 1 of 2 layers
+    log.write_text(''.join(json.dumps(r) + '\n' for r in records))
+    code, out, err = report(capsys, runs)
+    assert code == 0 and table(out)['coupled'][6] == '2.00%', out  # seed 1's alone, not (2% + 50%) / 2
+    assert 'coupled-s2/metrics.jsonl: its final q/k diagnostics logged 1 of 2 layers; left out of the nonlinear ' \
+        'and dt columns' in err, err
 
 
 def test_every_setting_is_typed_and_a_key_an_older_log_lacks_leaves_it_out_of_that_table_only(tmp_path, capsys):
