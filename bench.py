@@ -112,6 +112,11 @@ def find_logs(folders):  # each folder once, by its real path (overlapping folde
                 subdirs.clear()
                 continue
             seen.add(os.path.realpath(d))
+            if d.endswith('.new') and os.path.isdir(d[:-4]):  # the lab launcher's retraining of d[:-4]
+                print(f"note: {d} is the retraining of {d[:-4]}, not yet in its place (exercises/ex6_train.py "
+                      "renames it when it ends); left out", file=sys.stderr)
+                subdirs.clear()
+                continue
             if 'metrics.jsonl' in files + subdirs:
                 path = os.path.join(d, 'metrics.jsonl')
                 logs.setdefault(content(path), []).append(path)

@@ -29,8 +29,10 @@ try:
     model = GPT(GPTConfig(**ckpt['model_args']), verbose=False).eval()
     model.load_state_dict(ckpt['model'])
 except Exception as e:  # a partial copy, a checkpoint still being written, another program's file
-    sys.exit(f"error: {run}/ckpt.pt cannot be read ({type(e).__name__}); train it again with "
-             f"`python train.py --attn=coupled --out_dir={run}`, or {copy}")
+    # (train.py refuses a folder that holds a run, even a broken one)
+    again = '' if copy.startswith('restore') else "train another into a new folder (`python train.py " \
+        "--attn=coupled --out_dir=<new folder>`), or "
+    sys.exit(f"error: {run}/ckpt.pt cannot be read ({type(e).__name__}); {again}{copy}")
 qk = model.transformer.h[1].attn.qk if model.config.n_layer > 1 else None
 if not (hasattr(qk, 'force') and hasattr(qk, 'dt')):  # standard attention has no q/k map; uncoupled no force
     layers = f"{model.config.n_layer} layer{'s' * (model.config.n_layer != 1)}"

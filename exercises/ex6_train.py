@@ -36,13 +36,24 @@ parser.add_argument('attn', nargs='*', default=['mine', 'coupled', 'standard'])
 parser.add_argument('--seeds', nargs='+', type=int, default=[1, 2, 3])
 parser.add_argument('--runs', default=os.path.join('runs', 'mine'))
 parser.add_argument('--jobs', type=int, default=2, help='runs at a time (one core each)')
-args, extra = parser.parse_known_args()
-extra = [a for a in extra if a != '--']
+argv = sys.argv[1:]
+cut = argv.index('--') if '--' in argv else len(argv)  # after --: train.py's flags, never an --attn
+args, extra = parser.parse_known_args(argv[:cut])
+extra += argv[cut + 1:]
 if args.jobs < 1:
     sys.exit(f"error: --jobs {args.jobs}: give 1 or more runs at a time (default 2, one a core)")
+ours = sorted({a.split('=')[0] for a in extra} & {'--attn', '--seed', '--out_dir', '--init_from'})
+if ours:  # the folder's name says what trained it
+    sys.exit(f"error: {', '.join(ours)} after -- would train another run than its folder names; the launcher sets "
+             "them: name variants as arguments and seeds with --seeds, e.g. mine coupled --seeds 1 2")
+if not args.runs.strip():
+    sys.exit("error: --runs names no folder; name one, e.g. --runs runs/mine")
 sys.path.insert(0, ROOT)
 try:
     import model  # the model.py a run trains: yours, with `mine` appended
+except KeyboardInterrupt:
+    print("Ctrl-C: stopped before any run started", file=sys.stderr)
+    sys.exit(130)
 except Exception as e:  # a step that does not even import, such as a SyntaxError
     sys.exit(f"error: model.py does not import ({type(e).__name__}: {e}); fix your step, or start again with "
              "`git checkout model.py`")
@@ -115,7 +126,7 @@ def held(out):
 def recorded(folder):
     """What trained folder's run, as its step.txt records it (None: no record)."""
     try:
-        return open(os.path.join(folder, 'step.txt')).read()
+        return open(os.path.join(folder, 'step.txt'), errors='replace').read()
     except OSError:
         return None
 
@@ -131,7 +142,18 @@ def ended(folder):
     return ends[-1] if ends and ends[-1] != 'start' else None
 
 
+def promote(new, out):
+    """The retraining `new` takes the place of the run `out`, and its log that of out's."""
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(new, out)
+    with suppress(OSError):
+        os.remove(out + '.log')  # the old run's output goes with it
+    with suppress(OSError):
+        os.replace(new + '.log', out + '.log')
+
+
 def train(attn, seed):
+    """Trains runs/mine/<attn>-s<seed> unless it holds this run already: (whether it now does, what happened)."""
     out, flags = os.path.join(args.runs, f"{attn}-s{seed}"), [*PROTOCOL.split(), *extra]
     record = f"train.py {' '.join(flags)}\n{sources[attn]}"  # what trained it: the flags, then the step's source
     stamp = hashlib.sha256(record.encode()).hexdigest()[:12] + '\n' + record  # what <out>/step.txt records
@@ -139,77 +161,95 @@ def train(attn, seed):
     for folder in (out, new):
         who = held(folder)
         if who:
-            return (f"{folder}: in use by a running train.py ({who}); left alone: wait for it, or stop it, then run "
-                    "again")
+            return False, (f"{folder}: in use by a running train.py ({who}); left alone: wait for it, or stop it, "
+                           "then run again")
     said, dest = '', out
-    if os.path.exists(os.path.join(out, 'ckpt.pt')) and recorded(out) != stamp:
+    if (os.path.exists(os.path.join(out, 'ckpt.pt')) or ended(out)) and recorded(out) != stamp:
         old = re.match(r'[0-9a-f]{12}\ntrain\.py (.*)\n', recorded(out) or '')
         why = ('its step and flags are not recorded' if not old else 'its flags changed since'
                if old.group(1) != ' '.join(flags) else 'its step changed since')
         said, dest = f"{why}, trained again: ", new
     if dest == out and not os.path.exists(os.path.join(out, 'ckpt.pt')) and recorded(new) == stamp:
-        shutil.rmtree(out, ignore_errors=True)  # a retraining whose rename was cut short: it is this run
-        os.replace(new, out)
-        with suppress(OSError):
-            os.replace(new + '.log', out + '.log')
+        promote(new, out)  # a retraining whose rename was cut short: it is this run
     if os.path.isdir(new) and (dest == out or recorded(new) != stamp):
         shutil.rmtree(new)  # a retraining cut short, of other flags or a step since changed: nothing to keep
-    resume = os.path.exists(os.path.join(dest, 'ckpt.pt'))  # then step.txt matches: an interrupted run
-    if resume and dest == out and ended(out):
+    if dest == out and ended(out):  # (step.txt matches)
         how = ' (it diverged)' * (ended(out) == 'diverged')
-        return f"{out}: holds a run of this step and these flags already{how}, kept"
+        return True, f"{out}: holds a run of this step and these flags already{how}, kept"
+    resume = os.path.exists(os.path.join(dest, 'ckpt.pt'))  # then step.txt matches: an interrupted run
     os.makedirs(dest, exist_ok=True)
     with open(os.path.join(dest, 'step.txt.tmp'), 'w') as f:  # atomically: a whole record or none
         f.write(stamp)
     os.replace(os.path.join(dest, 'step.txt.tmp'), os.path.join(dest, 'step.txt'))
     code = 0
     if stopping.is_set():  # Ctrl-C came while this run was being set up
-        return ''
-    if not (resume and ended(dest)):  # (a retraining that ended, its folder not yet renamed: it is done)
+        return False, ''
+    if not ended(dest):  # (else a retraining that ended, its folder not yet renamed: it is done)
         with open(dest + '.log', 'a' if resume else 'w') as log:  # each run's output, beside its folder
             code = subprocess.call([sys.executable, os.path.join(ROOT, 'train.py'), f'--seed={seed}',
                                     f'--attn={attn}', *flags, f'--out_dir={dest}', *['--init_from=resume'] * resume],
                                    stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS='1'))
     said += 'interrupted before, resumed: ' * resume
     if code in (130, -signal.SIGINT):
-        return f"{out}: {said}interrupted; run the same command again to resume it"
+        return False, f"{out}: {said}interrupted; run the same command again to resume it"
     lines = [l.strip() for l in open(dest + '.log', errors='replace') if l.strip()] if code else []
     cause = next((l for l in reversed(lines) if l.startswith('error:')), lines[-1] if lines else 'the log is empty')
     if dest == new and (code == 0 or ended(new)):  # done, or diverged (a result too): it replaces the stale run
-        shutil.rmtree(out)
-        os.replace(new, out)
-        os.replace(new + '.log', out + '.log')
+        promote(new, out)
     elif dest == new:  # it failed: the stale run stays
         if not os.path.exists(os.path.join(new, 'ckpt.pt')):
             shutil.rmtree(new)
-        return (f"{out}: {said}failed (exit {code}): {cause}\n  (all of its output: {new}.log; the run the folder "
-                f"held, of the earlier step or flags, is kept, and its row below is that run's)")
+        return False, (f"{out}: {said}failed (exit {code}): {cause}\n  (all of its output: {new}.log; the run the "
+                       "folder held, of the earlier step or flags, is kept, and its row below is that run's)")
     if code == 0:
-        return f"{out}: {said}done"
+        return True, f"{out}: {said}done"
     if ended(out) == 'diverged':  # a result, not a failure: the table counts it among the seeds
-        return f"{out}: {said}diverged: {cause.removeprefix('error: ').split(';')[0]}; the table counts it"
-    return f"{out}: {said}failed (exit {code}): {cause}\n  (all of its output: {out}.log)"
+        return True, f"{out}: {said}diverged: {cause.removeprefix('error: ').split(';')[0]}; the table counts it"
+    return False, f"{out}: {said}failed (exit {code}): {cause}\n  (all of its output: {out}.log)"
+
+
+def lock(folder):
+    """Holds folder (runs/mine) for this launcher, or says which one holds it: two launchers must not share runs."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError as e:
+        sys.exit(f"error: --runs={folder}: cannot make or open that folder ({e.strerror or e}); name another")
+    try:
+        import fcntl
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:  # Windows: train.py's own lock still refuses a second run in one folder
+        pass
+    except BlockingIOError:
+        sys.exit(f"error: another exercises/ex6_train.py is training into {folder}; wait for it to finish, or name "
+                 "another folder with --runs")
+    except OSError:  # a filesystem without flock
+        pass
+    return fd
 
 
 runs = [(a, s) for s in dict.fromkeys(args.seeds) for a in dict.fromkeys(args.attn)]
 if len(runs) < len(args.seeds) * len(args.attn):
     print("note: a repeated --attn or seed is trained once")
+held_runs = lock(args.runs)  # (released when the launcher exits)
 jobs = min(args.jobs, len(runs))  # never more at a time than there are runs
 if jobs > (os.cpu_count() or 1):
     print(f"note: {jobs} runs at a time on {os.cpu_count()} cores: they share them, each slower")
 print(f"training {len(runs)} run{'s' * (len(runs) > 1)}, {jobs} at a time: "
       f"{', '.join(f'{a}-s{s}' for a, s in runs)}", flush=True)
-failed, pool = 0, ThreadPoolExecutor(jobs)
+missing, pool, reporting = 0, ThreadPoolExecutor(jobs), False
 try:
-    for line in pool.map(lambda r: train(*r), runs):
-        failed += ' failed (exit ' in line.split('\n')[0]
+    for ok, line in pool.map(lambda r: train(*r), runs):
+        missing += not ok
         print(line, flush=True)
+    reporting = True
     code = subprocess.call([sys.executable, os.path.join(ROOT, 'bench.py'), f'--report={args.runs}'])
 except KeyboardInterrupt:  # Ctrl-C reaches every train.py too: each stops at its checkpoint; no run starts after it
     stopping.set()
     pool.shutdown(cancel_futures=True)
-    print("Ctrl-C: stopped; run the same command again to resume the runs cut short", file=sys.stderr)
+    if not reporting:  # (bench.py says its own line)
+        print("Ctrl-C: stopped; run the same command again to resume the runs cut short", file=sys.stderr)
     sys.exit(130)
-if failed:
-    sys.exit(f"error: {failed} of {len(runs)} runs failed (their lines above say why)")
+if missing:
+    sys.exit(f"error: {missing} of {len(runs)} runs did not finish (their lines above say why)")
 sys.exit(code)

@@ -701,12 +701,12 @@ def test_lab_answer_5_the_learned_model_holds_its_numbers_and_formulas(lab):
     assert model.config.bias is False and 'is therefore a lower bound' in answer
 
 
-def stub(repo, end='final', code=0, wait=0):
-    """A stub train.py (a run: its folder, a checkpoint, a log that starts and ends with `end`; its calls counted,
-    its exit code `code`, after `wait` seconds) and an empty bench.py."""
+def stub(repo, end='final', code=0, wait=0, ckpt=True):
+    """A stub train.py (a run: its folder, a checkpoint unless not ckpt, a log that starts and ends with `end`; its
+    calls counted, its exit code `code`, after `wait` seconds) and an empty bench.py."""
     open(repo / 'train.py', 'w').write(
         "import json, os, sys, time\nout = [a for a in sys.argv if a.startswith('--out_dir=')][0][10:]\n"
-        "os.makedirs(out, exist_ok=True); open(os.path.join(out, 'ckpt.pt'), 'w').close()\n"
+        f"os.makedirs(out, exist_ok=True); {ckpt} and open(os.path.join(out, 'ckpt.pt'), 'w').close()\n"
         "open('calls', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
         f"time.sleep({wait})\n"
         "with open(os.path.join(out, 'metrics.jsonl'), 'a') as f:\n"
@@ -765,6 +765,9 @@ def test_lab_exercise_6_launcher_retrains_what_changed_and_leaves_a_running_run_
     assert 'mine-s1: its step and flags are not recorded, trained again: failed (exit 1): error: no data in data;' \
         in out and '(all of its output: runs/mine/mine-s1.new.log; the run the folder held' in out, out
     assert (folder / 'ckpt.pt').exists() and not (folder.parent / 'mine-s1.new').exists()  # the stale run stays
+    stub(repo)  # after --, all is train.py's: no variant named trains the default three
+    r = run(repo / 'exercises' / 'ex6_train.py', '--seeds', '1', '--', '--learning_rate=1e-3', cwd=repo)
+    assert r.returncode == 0 and 'training 3 runs, 2 at a time: mine-s1, coupled-s1, standard-s1' in r.stdout, r
 
 
 def test_lab_exercise_6_launcher_resumes_a_run_cut_short_counts_failures_and_stops_on_ctrl_c(tmp_path):
@@ -779,7 +782,7 @@ def test_lab_exercise_6_launcher_resumes_a_run_cut_short_counts_failures_and_sto
     calls = lambda: open(repo / 'calls').read().splitlines()  # noqa: E731
     stub(repo, end='start', code=130)  # Ctrl-C: a checkpoint, no final
     r = launch('1')
-    assert r.returncode == 0 and 'coupled-s1: interrupted; run the same command again to resume it' in r.stdout
+    assert r.returncode == 1 and 'coupled-s1: interrupted; run the same command again to resume it' in r.stdout
     stub(repo)
     r = launch('1')
     assert 'coupled-s1: interrupted before, resumed: done' in r.stdout and '--init_from=resume' in calls()[-1]
@@ -792,18 +795,37 @@ def test_lab_exercise_6_launcher_resumes_a_run_cut_short_counts_failures_and_sto
     folder = repo / 'runs' / 'mine' / 'coupled-s2'  # a retraining that ended, its rename to the run cut short
     os.rename(folder, f'{folder}.new')
     assert 'already (it diverged), kept' in launch('2').stdout and folder.is_dir() and len(calls()) == 3
+    stub(repo, end='diverged', code=3, ckpt=False)  # diverged before its first checkpoint: a result all the same
+    assert 'coupled-s8: diverged' in launch('8').stdout and 'already (it diverged), kept' in launch('8').stdout
+    (repo / 'runs' / 'mine' / 'coupled-s8' / 'step.txt').write_bytes(b'\xff\xfe x\x00')  # not even text
+    assert 'coupled-s8: its step and flags are not recorded, trained again: diverged' in launch('8').stdout
     stub(repo, end='start', code=1)
     r = launch('3', '4')
-    assert r.returncode == 1 and r.stderr.strip() == 'error: 2 of 2 runs failed (their lines above say why)', r
+    assert r.returncode == 1 and r.stderr.strip() == 'error: 2 of 2 runs did not finish (their lines above say ' \
+        'why)', r
+    # what names a run is the launcher's; a --runs that cannot be a folder; a second launcher on the same runs
+    r = run(repo / 'exercises' / 'ex6_train.py', 'coupled', '--', '--seed=7', cwd=repo)
+    assert one_line_error(r, '--seed after -- would train another run than its folder names'), r
+    (repo / 'afile').write_text('')
+    r = run(repo / 'exercises' / 'ex6_train.py', 'coupled', '--runs', 'afile/x', cwd=repo)
+    assert one_line_error(r, '--runs=afile/x: cannot make or open that folder (Not a directory); name another'), r
+    import fcntl
+    fd = os.open(repo / 'runs' / 'mine', os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = launch('1')
+    finally:
+        os.close(fd)
+    assert one_line_error(r, 'another exercises/ex6_train.py is training into runs/mine; wait for it'), r
     stub(repo, wait=3)  # Ctrl-C while the first of two runs (one at a time) trains
     p = start(repo / 'exercises' / 'ex6_train.py', 'coupled', '--seeds', '5', '6', '--jobs', '1', cwd=repo)
-    while len(calls()) < 6:
+    while len(calls()) < 8:
         time.sleep(0.1)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err.strip().endswith('Ctrl-C: stopped; run the same command again to resume the '
                                                         'runs cut short'), (out, err)
-    assert len(calls()) == 6 and not (repo / 'runs' / 'mine' / 'coupled-s6').exists()
+    assert len(calls()) == 8 and not (repo / 'runs' / 'mine' / 'coupled-s6').exists()
 
 
 def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_tabulates(lab, monkeypatch):
@@ -1039,8 +1061,7 @@ def test_lab_scripts_refuse_bad_input_in_one_line(tmp_path):
     shutil.copy(ex5, tmp_path / 'repo' / 'exercises'), shutil.copy(os.path.join(HERE, 'model.py'), tmp_path / 'repo')
     shutil.copy(tmp_path / 'truncated' / 'ckpt.pt', tmp_path / 'repo' / 'exercises' / 'quickstart')
     cases = [((tmp_path / 'repo' / 'exercises' / 'ex5_learned.py', 'repo/exercises/quickstart'),
-              "cannot be read (RuntimeError); train it again with `python train.py --attn=coupled --out_dir=repo/"
-              "exercises/quickstart`, or restore the lab's copy: git checkout exercises/quickstart"),
+              "ckpt.pt cannot be read (RuntimeError); restore the lab's copy: git checkout exercises/quickstart"),
 ((os.path.join(LAB, 'ex1_pendulum.py'), 'bogus'), 'cat exercises/ex6_mine.py >> model.py'),
              ((os.path.join(LAB, 'ex2_jacobian.py'), 'leapfrog', 'bogus'), 'cat exercises/ex6_mine.py >> model.py'),
              ((ex5, 'standard'), 'python train.py --attn=coupled'), ((ex5, 'short'), 'block_size 32'),

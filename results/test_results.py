@@ -117,6 +117,10 @@ def test_each_run_is_counted_once_by_content(tmp_path, capsys):
     assert code == 0 and out == clean, out
     assert 'are one file (a link); counted once' in err and 'are copies of one log; counted once' in err
     assert table(out)['coupled'][2] == table(out, 'Attention')['coupled'][2] == '2'
+    # the lab launcher's retraining of a run, beside it: not a run of its own until it takes the run's place
+    fake_run(runs / 'coupled-s1.new', CURVE, 5.0, attn='coupled', learning_rate=3e-3)
+    code, out, err = report(capsys, runs)
+    assert code == 0 and out == clean and 'coupled-s1.new is the retraining of ' in err, err
 
 
 def test_a_layer_table_only_from_seeds_with_every_layer_and_finite_diagnostics(tmp_path, capsys):
