@@ -318,12 +318,11 @@ def test_tokens_to_match_reads_the_seeds_whose_pair_finished_and_bounds_what_nev
 
 
 def test_a_section_script_takes_no_arguments_and_starts_no_run_when_given_some(tmp_path):
-    import subprocess
+    from test_model import run  # a fork of this process: torch imported already
     for script, args, code, words in (('long.py', ['--help'], 0, 'Closer to convergence'),
                                       ('long.py', ['now'], 1, 'long.py takes no arguments'),
                                       ('laptop.py', ['--help'], 0, '99 runs'),  # before it prepares the corpora
                                       ('laptop.py', ['-n'], 1, 'laptop.py takes no arguments')):
-        r = subprocess.run([sys.executable, os.path.join(HERE, script), *args], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=120)
+        r = run(os.path.join(HERE, script), *args, cwd=tmp_path, timeout=120)
         assert r.returncode == code and words in r.stdout + r.stderr and 'training' not in r.stdout, r.stderr
         assert os.listdir(tmp_path) == []  # no runs/ made, here or anywhere
