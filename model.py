@@ -536,12 +536,24 @@ class KVCache:
         return keys[:, :, :n + T], values[:, :, :n + T]
 
 
+class Seen(Exception):  # every module seen_by watches has given its output: the rest of the forward is not needed
+    pass
+
+
 def seen_by(model, idx, modules):
-    """What each module gets and gives in model(idx), eval mode: [(module, its inputs, its output)], in call order."""
+    """What each module (each called once) gets and gives in model(idx), eval mode: [(module, its inputs, its
+    output)], in call order. The forward stops there: the layers above and lm_head (T x vocab logits) are skipped."""
     seen, training = [], model.training
-    hooks = [m.register_forward_hook(lambda mod, inp, out: seen.append((mod, inp, out))) for m in modules]
+
+    def hook(mod, inp, out):
+        seen.append((mod, inp, out))
+        if len(seen) == len(modules):
+            raise Seen
+    hooks = [m.register_forward_hook(hook) for m in modules]
     try:
         model.eval()(idx)
+    except Seen:
+        pass
     finally:
         for h in hooks:
             h.remove()
