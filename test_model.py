@@ -1415,6 +1415,11 @@ def scripts(*calls, **kw):  # each call (script, arg, ...) run, one after anothe
     return [run(*call, **kw) for call in calls]
 
 
+def side_by_side(*calls, **kw):  # independent calls, two at a time (two cores); their results in order
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda call: run(*call, **kw), calls))
+
+
 def one_line_error(r, words):
     err = r.stderr.strip()
     return r.returncode != 0 and 'Traceback' not in r.stderr and '\n' not in err and words in err
@@ -2025,11 +2030,11 @@ def test_bad_data_and_checkpoints_are_refused_clearly_and_a_run_is_never_overwri
         if damage:
             damage(d)
     out = tmp_path / 'out'
-    rs = scripts(*[('train.py', f'--data_dir={tmp_path / name}', f'--out_dir={tmp_path / "o" / name}', '--max_iters=1')
-                   for name in bad],
-                 trains(corpus, out, '--max_iters=2', '--eval_interval=1', '--attn=coupled'),
-                 trains(corpus, out, '--max_iters=2'),  # a scratch run in a run's folder
-                 trains(corpus, out, '--init_from=resume', '--attn=diff'))  # a checkpoint of another architecture
+    rs = side_by_side(*[('train.py', f'--data_dir={tmp_path / name}', f'--out_dir={tmp_path / "o" / name}',
+                         '--max_iters=1') for name in bad])
+    rs += scripts(trains(corpus, out, '--max_iters=2', '--eval_interval=1', '--attn=coupled'),
+                  trains(corpus, out, '--max_iters=2'),  # a scratch run in a run's folder
+                  trains(corpus, out, '--init_from=resume', '--attn=diff'))  # a checkpoint of another architecture
     for (name, (change, damage, words)), r in zip(bad.items(), rs):
         assert one_line_error(r, words), (name, r.stderr)
         assert not (tmp_path / 'o' / name / 'ckpt.pt').exists()  # refused before training
@@ -2064,7 +2069,8 @@ def test_bad_data_and_checkpoints_are_refused_clearly_and_a_run_is_never_overwri
             (tmp_path / 'ck' / name / 'ckpt.pt').write_bytes(c)
         else:
             torch.save(c, tmp_path / 'ck' / name / 'ckpt.pt')
-    rs = scripts(*[trains(corpus, tmp_path / 'ck' / name, '--init_from=resume', '--max_iters=4') for name in broken])
+    rs = side_by_side(*[trains(corpus, tmp_path / 'ck' / name, '--init_from=resume', '--max_iters=4')
+                        for name in broken])
     for name, r in zip(broken, rs):
         words = {'names': 'another version of model.py', 'iter_num_negative': 'is corrupt: iter_num=-5',
                  'best_val_loss_nan': 'is corrupt: best_val_loss=nan', 'dtype_bogus': "dtype='bogus' is not one of",
@@ -2515,7 +2521,9 @@ def nan_runs(corpus, tmp_path_factory):
              (None, trains(corpus, d / 'b', '--init_from=resume')),
              (None, trains(corpus, d / 'finished', '--max_iters=4', '--eval_interval=2', '--log_interval=2')),
              (6, trains(corpus, d / 'finished', '--init_from=resume', '--max_iters=12'))]
-    return d, [run(*call, patch=INJECT_NAN.replace('AT', repr(at))) for at, call in calls]
+    chain = lambda pair: [run(*call, patch=INJECT_NAN.replace('AT', repr(at))) for at, call in pair]  # noqa: E731
+    with ThreadPoolExecutor(2) as pool:  # the three folders side by side, each run and then its resume
+        return d, [r for pair in pool.map(chain, (calls[:2], calls[2:4], calls[4:])) for r in pair]
 
 
 @pytest.mark.parametrize('run, at', [('a', 12), ('b', 18)])
