@@ -22,6 +22,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops it even as a background job, as train.py
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROTOCOL = "--max_iters=500 --eval_interval=100 --eval_iters=20 --log_interval=100"  # the results' protocol
 

@@ -813,7 +813,8 @@ def test_lab_exercise_6_launcher_resumes_a_run_cut_short_counts_failures_and_sto
         os.close(fd)
     assert one_line_error(r, 'another exercises/ex6_train.py is training into runs/mine; wait for it'), r
     stub(repo, wait=3)  # Ctrl-C while the first of two runs (one at a time) trains
-    p = start(repo / 'exercises' / 'ex6_train.py', 'coupled', '--seeds', '5', '6', '--jobs', '1', cwd=repo)
+    p = start(repo / 'exercises' / 'ex6_train.py', 'coupled', '--seeds', '5', '6', '--jobs', '1', cwd=repo,
+              sigint_ignored=True)  # as a shell's background job inherits it
     while len(calls()) < 8:
         time.sleep(0.1)
     p.send_signal(signal.SIGINT)
