@@ -178,10 +178,13 @@ def train(attn, seed):
         how = ' (it diverged)' * (ended(out) == 'diverged')
         return True, f"{out}: holds a run of this step and these flags already{how}, kept"
     resume = os.path.exists(os.path.join(dest, 'ckpt.pt'))  # then step.txt matches: an interrupted run
-    os.makedirs(dest, exist_ok=True)
-    with open(os.path.join(dest, 'step.txt.tmp'), 'w') as f:  # atomically: a whole record or none
-        f.write(stamp)
-    os.replace(os.path.join(dest, 'step.txt.tmp'), os.path.join(dest, 'step.txt'))
+    try:
+        os.makedirs(dest, exist_ok=True)
+        with open(os.path.join(dest, 'step.txt.tmp'), 'w') as f:  # atomically: a whole record or none
+            f.write(stamp)
+        os.replace(os.path.join(dest, 'step.txt.tmp'), os.path.join(dest, 'step.txt'))
+    except OSError as e:  # e.g. a file where the run's folder goes
+        return False, f"{dest}: cannot make the run's folder there ({e.strerror or e}); move what is in the way"
     code = 0
     if stopping.is_set():  # Ctrl-C came while this run was being set up
         return False, ''
@@ -193,18 +196,21 @@ def train(attn, seed):
     said += 'interrupted before, resumed: ' * resume
     if code in (130, -signal.SIGINT):
         return False, f"{out}: {said}interrupted; run the same command again to resume it"
-    lines = [l.strip() for l in open(dest + '.log', errors='replace') if l.strip()] if code else []
+    end = ended(dest)  # a run is its log's end: 'final' (done) or 'diverged' (a result too), not an exit code
+    lines = [l.strip() for l in open(dest + '.log', errors='replace') if l.strip()] if code or not end else []
     cause = next((l for l in reversed(lines) if l.startswith('error:')), lines[-1] if lines else 'the log is empty')
-    if dest == new and (code == 0 or ended(new)):  # done, or diverged (a result too): it replaces the stale run
+    if not code and not end:  # e.g. -- --help: train.py printed and stopped
+        cause = f"train.py stopped without a final evaluation (its last line: {cause})"
+    if dest == new and (end == 'diverged' or end == 'final' and not code):  # it replaces the stale run
         promote(new, out)
     elif dest == new:  # it failed: the stale run stays
         if not os.path.exists(os.path.join(new, 'ckpt.pt')):
             shutil.rmtree(new)
         return False, (f"{out}: {said}failed (exit {code}): {cause}\n  (all of its output: {new}.log; the run the "
                        "folder held, of the earlier step or flags, is kept, and its row below is that run's)")
-    if code == 0:
+    if end == 'final' and not code:
         return True, f"{out}: {said}done"
-    if ended(out) == 'diverged':  # a result, not a failure: the table counts it among the seeds
+    if end == 'diverged':  # a result, not a failure: the table counts it among the seeds
         return True, f"{out}: {said}diverged: {cause.removeprefix('error: ').split(';')[0]}; the table counts it"
     return False, f"{out}: {said}failed (exit {code}): {cause}\n  (all of its output: {out}.log)"
 

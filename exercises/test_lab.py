@@ -5,6 +5,7 @@ test_model.py's harness and reuses its claims' measurements. Run from the reposi
 import dataclasses
 import importlib
 import itertools
+import json
 import math
 import os
 import re
@@ -765,6 +766,11 @@ def test_lab_exercise_6_launcher_retrains_what_changed_and_leaves_a_running_run_
     assert r.returncode == 0 and 'training 3 runs, 2 at a time: mine-s1, coupled-s1, standard-s1' in r.stdout, r
 
 
+def ended(folder):  # how the run's log ends, as the launcher reads it
+    events = [json.loads(line)['event'] for line in open(folder / 'metrics.jsonl')]
+    return [e for e in events if e in ('start', 'final', 'diverged')][-1]
+
+
 def test_lab_exercise_6_launcher_resumes_a_run_cut_short_counts_failures_and_stops_on_ctrl_c(tmp_path):
     """ex6_train.py with stub runs: an interrupted run is resumed, a diverged one is a result (kept, not retrained,
     not a failure), a failed one makes the launcher exit 1 after the table, a repeated seed is trained once, and
@@ -812,16 +818,25 @@ def test_lab_exercise_6_launcher_resumes_a_run_cut_short_counts_failures_and_sto
     finally:
         os.close(fd)
     assert one_line_error(r, 'another exercises/ex6_train.py is training into runs/mine; wait for it'), r
+    stub(repo, end='start')  # a train.py that stops at once and exits 0, as `-- --help` makes it: no run
+    r = run(repo / 'exercises' / 'ex6_train.py', 'coupled', '--seeds', '1', '--', '--help', cwd=repo)
+    assert r.returncode == 1 and 'coupled-s1: its flags changed since, trained again: failed (exit 0): train.py ' \
+        'stopped without a final evaluation (its last line: ok)' in r.stdout, r
+    assert ended(repo / 'runs' / 'mine' / 'coupled-s1') == 'final'  # the finished run stays
+    (repo / 'runs' / 'mine' / 'coupled-s9').write_text('')  # a file where a run's folder goes
+    r = launch('9')
+    assert r.returncode == 1 and "runs/mine/coupled-s9: cannot make the run's folder there (File exists); move " \
+        "what is in the way" in r.stdout, r
     stub(repo, wait=3)  # Ctrl-C while the first of two runs (one at a time) trains
     p = start(repo / 'exercises' / 'ex6_train.py', 'coupled', '--seeds', '5', '6', '--jobs', '1', cwd=repo,
               sigint_ignored=True)  # as a shell's background job inherits it
-    while len(calls()) < 8:
+    while len(calls()) < 9:
         time.sleep(0.1)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err.strip().endswith('Ctrl-C: stopped; run the same command again to resume the '
                                                         'runs cut short'), (out, err)
-    assert len(calls()) == 8 and not (repo / 'runs' / 'mine' / 'coupled-s6').exists()
+    assert len(calls()) == 9 and not (repo / 'runs' / 'mine' / 'coupled-s6').exists()
 
 
 def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_tabulates(lab, monkeypatch):
