@@ -43,6 +43,8 @@ args, extra = parser.parse_known_args(argv[:cut])
 extra += argv[cut + 1:]
 if args.jobs < 1:
     sys.exit(f"error: --jobs {args.jobs}: give 1 or more runs at a time (default 2, one a core)")
+if min(args.seeds) < 0:
+    sys.exit(f"error: --seeds {min(args.seeds)}: a seed is 0 or more, e.g. --seeds 1 2 3")
 ours = sorted({a.split('=')[0] for a in extra} & {'--attn', '--seed', '--out_dir', '--init_from'})
 if ours:  # the folder's name says what trained it
     sys.exit(f"error: {', '.join(ours)} after -- would train another run than its folder names; the launcher sets "
@@ -197,7 +199,7 @@ def train(attn, seed):
     if code in (130, -signal.SIGINT):
         return False, f"{out}: {said}interrupted; run the same command again to resume it"
     end = ended(dest)  # a run is its log's end: 'final' (done) or 'diverged' (a result too), not an exit code
-    lines = [l.strip() for l in open(dest + '.log', errors='replace') if l.strip()] if code or not end else []
+    lines = [l.strip() for l in open(dest + '.log', errors='replace') if l.strip()] if code or end != 'final' else []
     cause = next((l for l in reversed(lines) if l.startswith('error:')), lines[-1] if lines else 'the log is empty')
     if not code and not end:  # e.g. -- --help: train.py printed and stopped
         cause = f"train.py stopped without a final evaluation (its last line: {cause})"

@@ -1077,6 +1077,7 @@ def test_lab_scripts_refuse_bad_input_in_one_line(tmp_path):
              ((ex5, 'standard'), 'python train.py --attn=coupled'), ((ex5, 'short'), 'block_size 32'),
              ((ex5, 'truncated'), 'cannot be read'), ((ex5, 'noval'), 'run `python prepare_data.py`'),
              ((os.path.join(LAB, 'ex6_train.py'), 'coupled', '--seeds', '1', '--jobs', '0'), '--jobs 0: give 1 or more'),
+             ((os.path.join(LAB, 'ex6_train.py'), 'coupled', '--seeds', '1', '-1'), '--seeds -1: a seed is 0 or more'),
              ((os.path.join(LAB, 'ex6_train.py'), 'bogus'), '--attn=bogus is unknown'),
              ((os.path.join(LAB, 'ex6_train.py'), 'mine'), 'append the template first: cat exercises/ex6_mine.py'),
              ((os.path.join(LAB, 'ex6_train.py'), '--seeds', 'one'), "argument --seeds: invalid int value: 'one'"),
