@@ -135,18 +135,23 @@ def recorded(folder):
 
 
 def ended(folder):
-    """'final' or 'diverged' if the run's last start ended so (its metrics.jsonl says), else None."""
+    """'final' (with tokens trained) or 'diverged' if the run's last start ended so (its metrics.jsonl says), else
+    None."""
     events = []
     with suppress(OSError):
         for line in open(os.path.join(folder, 'metrics.jsonl'), errors='replace'):
-            with suppress(ValueError, AttributeError):
-                events.append(json.loads(line).get('event'))
-    ends = [e for e in events if e in ('start', 'final', 'diverged')]
-    return ends[-1] if ends and ends[-1] != 'start' else None
+            with suppress(ValueError, TypeError):  # a cut or foreign line
+                events.append(dict(json.loads(line)))
+    ends = [e for e in events if e.get('event') in ('start', 'final', 'diverged')]
+    if not ends or ends[-1]['event'] == 'start' or ends[-1]['event'] == 'final' and not ends[-1].get('tokens'):
+        return None  # unfinished, or a final of no training (-- --max_iters=0): no run
+    return ends[-1]['event']
 
 
 def promote(new, out):
     """The retraining `new` takes the place of the run `out`, and its log that of out's."""
+    if os.path.islink(out):  # a link to a run kept elsewhere: the link goes, the run it points to stays
+        os.remove(out)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(new, out)
     with suppress(OSError):
@@ -191,7 +196,12 @@ def train(attn, seed):
     if stopping.is_set():  # Ctrl-C came while this run was being set up
         return False, ''
     if not ended(dest):  # (else a retraining that ended, its folder not yet renamed: it is done)
-        with open(dest + '.log', 'a' if resume else 'w') as log:  # each run's output, beside its folder
+        try:
+            log = open(dest + '.log', 'a' if resume else 'w')  # each run's output, beside its folder
+        except OSError as e:  # e.g. a folder of that name
+            return False, (f"{dest}.log: cannot write the run's output there ({e.strerror or e}); move what is in "
+                           "the way")
+        with log:
             code = subprocess.call([sys.executable, os.path.join(ROOT, 'train.py'), f'--seed={seed}',
                                     f'--attn={attn}', *flags, f'--out_dir={dest}', *['--init_from=resume'] * resume],
                                    stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS='1'))
@@ -202,7 +212,7 @@ def train(attn, seed):
     lines = [l.strip() for l in open(dest + '.log', errors='replace') if l.strip()] if code or end != 'final' else []
     cause = next((l for l in reversed(lines) if l.startswith('error:')), lines[-1] if lines else 'the log is empty')
     if not code and not end:  # e.g. -- --help: train.py printed and stopped
-        cause = f"train.py stopped without a final evaluation (its last line: {cause})"
+        cause = f"train.py ended without training a run (its last line: {cause})"
     if dest == new and (end == 'diverged' or end == 'final' and not code):  # it replaces the stale run
         promote(new, out)
     elif dest == new:  # it failed: the stale run stays

@@ -697,7 +697,7 @@ def test_lab_answer_5_the_learned_model_holds_its_numbers_and_formulas(lab):
     assert model.config.bias is False and 'is therefore a lower bound' in answer
 
 
-def stub(repo, end='final', code=0, wait=0, ckpt=True):
+def stub(repo, end='final', code=0, wait=0, ckpt=True, tokens=128):
     """A stub train.py (a run: its folder, a checkpoint unless not ckpt, a log that starts and ends with `end`; its
     calls counted, its exit code `code`, after `wait` seconds) and an empty bench.py."""
     open(repo / 'train.py', 'w').write(
@@ -706,7 +706,7 @@ def stub(repo, end='final', code=0, wait=0, ckpt=True):
         "open('calls', 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
         f"time.sleep({wait})\n"
         "with open(os.path.join(out, 'metrics.jsonl'), 'a') as f:\n"
-        f"    f.write('{{\"event\": \"start\"}}\\n{{\"event\": \"{end}\"}}\\n')\n"
+        f"    f.write('{{\"event\": \"start\"}}\\n{{\"event\": \"{end}\", \"tokens\": {tokens}}}\\n')\n"
         f"print('error: the loss is not finite at iteration 3; stopped' if {code} == 3 else 'ok')\n"
         f"sys.exit({code})\n")
     open(repo / 'bench.py', 'w').write('')
@@ -821,8 +821,21 @@ def test_lab_exercise_6_launcher_resumes_a_run_cut_short_counts_failures_and_sto
     stub(repo, end='start')  # a train.py that stops at once and exits 0, as `-- --help` makes it: no run
     r = run(repo / 'exercises' / 'ex6_train.py', 'coupled', '--seeds', '1', '--', '--help', cwd=repo)
     assert r.returncode == 1 and 'coupled-s1: its flags changed since, trained again: failed (exit 0): train.py ' \
-        'stopped without a final evaluation (its last line: ok)' in r.stdout, r
+        'ended without training a run (its last line: ok)' in r.stdout, r
     assert ended(repo / 'runs' / 'mine' / 'coupled-s1') == 'final'  # the finished run stays
+    stub(repo, tokens=0)  # a final of no training, as `-- --max_iters=0` makes: no run either
+    r = run(repo / 'exercises' / 'ex6_train.py', 'coupled', '--seeds', '1', '--', '--max_iters=0', cwd=repo)
+    assert r.returncode == 1 and 'failed (exit 0): train.py ended without training a run' in r.stdout, r
+    assert ended(repo / 'runs' / 'mine' / 'coupled-s1') == 'final'
+    stub(repo)  # a stale run that is a link to a folder elsewhere: the link goes, the folder it names stays
+    shutil.copytree(repo / 'runs' / 'mine' / 'coupled-s1', tmp_path / 'kept')
+    os.symlink(tmp_path / 'kept', repo / 'runs' / 'mine' / 'coupled-s10')
+    r = run(repo / 'exercises' / 'ex6_train.py', 'coupled', '--seeds', '10', '--', '--max_iters=3', cwd=repo)
+    assert 'coupled-s10: its flags changed since, trained again: done' in r.stdout, r
+    assert not (repo / 'runs' / 'mine' / 'coupled-s10').is_symlink() and (tmp_path / 'kept' / 'ckpt.pt').exists()
+    os.makedirs(repo / 'runs' / 'mine' / 'coupled-s11.log')  # a folder where a run's output goes
+    r = launch('11')
+    assert r.returncode == 1 and "coupled-s11.log: cannot write the run's output there (Is a directory)" in r.stdout
     (repo / 'runs' / 'mine' / 'coupled-s9').write_text('')  # a file where a run's folder goes
     r = launch('9')
     assert r.returncode == 1 and "runs/mine/coupled-s9: cannot make the run's folder there (File exists); move " \
@@ -830,13 +843,13 @@ def test_lab_exercise_6_launcher_resumes_a_run_cut_short_counts_failures_and_sto
     stub(repo, wait=3)  # Ctrl-C while the first of two runs (one at a time) trains
     p = start(repo / 'exercises' / 'ex6_train.py', 'coupled', '--seeds', '5', '6', '--jobs', '1', cwd=repo,
               sigint_ignored=True)  # as a shell's background job inherits it
-    while len(calls()) < 9:
+    while len(calls()) < 11:
         time.sleep(0.1)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err.strip().endswith('Ctrl-C: stopped; run the same command again to resume the '
                                                         'runs cut short'), (out, err)
-    assert len(calls()) == 9 and not (repo / 'runs' / 'mine' / 'coupled-s6').exists()
+    assert len(calls()) == 11 and not (repo / 'runs' / 'mine' / 'coupled-s6').exists()
 
 
 def test_lab_exercise_6_the_template_passes_its_claims_trains_and_the_launcher_tabulates(lab, monkeypatch):
