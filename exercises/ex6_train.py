@@ -143,16 +143,22 @@ def ended(folder):
             with suppress(ValueError, TypeError):  # a cut or foreign line
                 events.append(dict(json.loads(line)))
     ends = [e for e in events if e.get('event') in ('start', 'final', 'diverged')]
-    if not ends or ends[-1]['event'] == 'start' or ends[-1]['event'] == 'final' and not ends[-1].get('tokens'):
+    trained = type(ends[-1].get('tokens')) in (int, float) and ends[-1]['tokens'] > 0 if ends else False
+    if not ends or ends[-1]['event'] == 'start' or ends[-1]['event'] == 'final' and not trained:
         return None  # unfinished, or a final of no training (-- --max_iters=0): no run
     return ends[-1]['event']
 
 
+def remove(folder):
+    """Deletes folder; a link to a folder kept elsewhere: the link goes, the folder it points to stays."""
+    if os.path.islink(folder):
+        os.remove(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def promote(new, out):
     """The retraining `new` takes the place of the run `out`, and its log that of out's."""
-    if os.path.islink(out):  # a link to a run kept elsewhere: the link goes, the run it points to stays
-        os.remove(out)
-    shutil.rmtree(out, ignore_errors=True)
+    remove(out)
     os.replace(new, out)
     with suppress(OSError):
         os.remove(out + '.log')  # the old run's output goes with it
@@ -180,7 +186,7 @@ def train(attn, seed):
     if dest == out and not os.path.exists(os.path.join(out, 'ckpt.pt')) and recorded(new) == stamp:
         promote(new, out)  # a retraining whose rename was cut short: it is this run
     if os.path.isdir(new) and (dest == out or recorded(new) != stamp):
-        shutil.rmtree(new)  # a retraining cut short, of other flags or a step since changed: nothing to keep
+        remove(new)  # a retraining cut short, of other flags or a step since changed: nothing to keep
     if dest == out and ended(out):  # (step.txt matches)
         how = ' (it diverged)' * (ended(out) == 'diverged')
         return True, f"{out}: holds a run of this step and these flags already{how}, kept"
@@ -217,7 +223,7 @@ def train(attn, seed):
         promote(new, out)
     elif dest == new:  # it failed: the stale run stays
         if not os.path.exists(os.path.join(new, 'ckpt.pt')):
-            shutil.rmtree(new)
+            remove(new)
         return False, (f"{out}: {said}failed (exit {code}): {cause}\n  (all of its output: {new}.log; the run the "
                        "folder held, of the earlier step or flags, is kept, and its row below is that run's)")
     if end == 'final' and not code:

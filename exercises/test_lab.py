@@ -833,6 +833,12 @@ def test_lab_exercise_6_launcher_resumes_a_run_cut_short_counts_failures_and_sto
     r = run(repo / 'exercises' / 'ex6_train.py', 'coupled', '--seeds', '10', '--', '--max_iters=3', cwd=repo)
     assert 'coupled-s10: its flags changed since, trained again: done' in r.stdout, r
     assert not (repo / 'runs' / 'mine' / 'coupled-s10').is_symlink() and (tmp_path / 'kept' / 'ckpt.pt').exists()
+    os.makedirs(tmp_path / 'elsewhere')  # a leftover retraining that is a link: the link goes, not what it names
+    os.symlink(tmp_path / 'elsewhere', repo / 'runs' / 'mine' / 'coupled-s2.new')
+    r = launch('2')
+    assert r.returncode == 0 and 'coupled-s2: holds a run of this step and these flags already (it diverged), kept' \
+        in r.stdout, r
+    assert not os.path.lexists(repo / 'runs' / 'mine' / 'coupled-s2.new') and (tmp_path / 'elsewhere').is_dir()
     os.makedirs(repo / 'runs' / 'mine' / 'coupled-s11.log')  # a folder where a run's output goes
     r = launch('11')
     assert r.returncode == 1 and "coupled-s11.log: cannot write the run's output there (Is a directory)" in r.stdout
