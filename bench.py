@@ -364,8 +364,8 @@ def results_table(rows, ppl):
                       "layers; left out of the nonlinear and dt columns", file=sys.stderr)
             elif q:
                 qk.append(q)
-        nonlin = [n for n in (median_layer(q, 'nonlinear') for q in qk if q) if n is not None]  # None: too few tokens
-        dts = [mean(d for s in q for d in s.get('dt', [])) for q in qk if q and q[0].get('dt')]
+        nonlin = [n for n in (median_layer(q, 'nonlinear') for q in qk) if n is not None]  # None: too few tokens
+        dts = [mean(d for s in q for d in s.get('dt', [])) for q in qk if q[0].get('dt')]
         ms = [m for r in row['runs'] for m in r['ms'][1:] or r['ms']]
         print(f"| {corpus} | {name} | {len(p)} | {spread_of(p)} | {rel} | {ratio} | "
               f"{f'{100 * mean(nonlin):.2f}%' if nonlin else '-'} | "

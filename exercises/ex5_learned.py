@@ -19,9 +19,8 @@ if os.path.basename(run) == 'ckpt.pt' and os.path.isfile(run):  # the checkpoint
     run = os.path.dirname(run) or '.'
 if not run.strip():
     sys.exit(f"error: the run folder is empty; name one (train.py's --out_dir), e.g. {QUICK}")
-copy = f"use the lab's copy: {QUICK}"
-if os.path.realpath(run) == os.path.join(os.path.dirname(os.path.realpath(__file__)), 'quickstart'):
-    copy = "restore the lab's copy: git checkout exercises/quickstart"  # it is the copy that is broken
+lab_copy = os.path.realpath(run) == os.path.join(os.path.dirname(os.path.realpath(__file__)), 'quickstart')
+copy = "restore the lab's copy: git checkout exercises/quickstart" if lab_copy else f"use the lab's copy: {QUICK}"
 if not os.path.exists(os.path.join(run, 'ckpt.pt')):
     sys.exit(f"error: no {run}/ckpt.pt; wait for the quick start to finish, or {copy}")
 try:
@@ -30,7 +29,7 @@ try:
     model.load_state_dict(ckpt['model'])
 except Exception as e:  # a partial copy, a checkpoint still being written, another program's file
     # (train.py refuses a folder that holds a run, even a broken one)
-    again = '' if copy.startswith('restore') else "train another into a new folder (`python train.py " \
+    again = '' if lab_copy else "train another into a new folder (`python train.py " \
         "--attn=coupled --out_dir=<new folder>`), or "
     sys.exit(f"error: {run}/ckpt.pt cannot be read ({type(e).__name__}); {again}{copy}")
 qk = model.transformer.h[1].attn.qk if model.config.n_layer > 1 else None

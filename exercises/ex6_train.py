@@ -142,11 +142,12 @@ def ended(folder):
         for line in open(os.path.join(folder, 'metrics.jsonl'), errors='replace'):
             with suppress(ValueError, TypeError):  # a cut or foreign line
                 events.append(dict(json.loads(line)))
-    ends = [e for e in events if e.get('event') in ('start', 'final', 'diverged')]
-    trained = type(ends[-1].get('tokens')) in (int, float) and ends[-1]['tokens'] > 0 if ends else False
-    if not ends or ends[-1]['event'] == 'start' or ends[-1]['event'] == 'final' and not trained:
-        return None  # unfinished, or a final of no training (-- --max_iters=0): no run
-    return ends[-1]['event']
+    last = ([e for e in events if e.get('event') in ('start', 'final', 'diverged')] or [{}])[-1]
+    if last.get('event') == 'diverged':
+        return 'diverged'
+    tokens = last.get('tokens')
+    trained = type(tokens) in (int, float) and tokens > 0  # not a final of no training (-- --max_iters=0)
+    return 'final' if last.get('event') == 'final' and trained else None  # (else unfinished, or no run)
 
 
 def remove(folder):
@@ -177,9 +178,9 @@ def train(attn, seed):
         if who:
             return False, (f"{folder}: in use by a running train.py ({who}); left alone: wait for it, or stop it, "
                            "then run again")
-    said, dest = '', out
-    if (os.path.exists(os.path.join(out, 'ckpt.pt')) or ended(out)) and recorded(out) != stamp:
-        old = re.match(r'[0-9a-f]{12}\ntrain\.py (.*)\n', recorded(out) or '')
+    said, dest, was = '', out, recorded(out)  # was: what trained the run out holds
+    if (os.path.exists(os.path.join(out, 'ckpt.pt')) or ended(out)) and was != stamp:
+        old = re.match(r'[0-9a-f]{12}\ntrain\.py (.*)\n', was or '')
         why = ('its step and flags are not recorded' if not old else 'its flags changed since'
                if old.group(1) != ' '.join(flags) else 'its step changed since')
         said, dest = f"{why}, trained again: ", new
@@ -187,8 +188,9 @@ def train(attn, seed):
         promote(new, out)  # a retraining whose rename was cut short: it is this run
     if os.path.isdir(new) and (dest == out or recorded(new) != stamp):
         remove(new)  # a retraining cut short, of other flags or a step since changed: nothing to keep
-    if dest == out and ended(out):  # (step.txt matches)
-        how = ' (it diverged)' * (ended(out) == 'diverged')
+    end = ended(out) if dest == out else None
+    if end:  # (step.txt matches)
+        how = ' (it diverged)' * (end == 'diverged')
         return True, f"{out}: holds a run of this step and these flags already{how}, kept"
     resume = os.path.exists(os.path.join(dest, 'ckpt.pt'))  # then step.txt matches: an interrupted run
     try:
