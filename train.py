@@ -24,8 +24,8 @@ def on_signal(signum, frame):
     if saving and stop is None:
         stop = signum
         return say("stopping once this checkpoint is written (again: stop now)")
-    say(f"{'interrupted' if signum == signal.SIGINT else 'terminated'}{f' at iteration {iter_num}' * training}; "
-        + resume_hint())
+    at = f" at iteration {iter_num}" if training else ''
+    say(f"{'interrupted' if signum == signal.SIGINT else 'terminated'}{at}; {resume_hint()}")
     os._exit(128 + signum)  # ckpt.pt and the log stay whole
 
 
@@ -182,7 +182,8 @@ if settings['init_from'] == 'resume' or not trains:
         die(f"no checkpoint at {ckpt_path}; train one first, or point --out_dir at a run")
     checkpoint = torch.load(ckpt_path, map_location='cpu', weights_only=True)
     asked = PRESETS.get(given.get('preset'), {}) | given  # the model this command names
-    clash = [f"--{k}={asked[k]!r} here but {checkpoint['model_args'][k]!r} in the checkpoint" for k in MODEL_KEYS
+    clash = [f"--{k}={asked[k]!r}" + ('' if k in given else f" (from --preset={given['preset']})") + " here but "
+             f"{checkpoint['model_args'][k]!r} in the checkpoint" for k in MODEL_KEYS
              if k in asked and asked[k] != checkpoint['model_args'][k]]
     if trains and given.get('seed', checkpoint['config']['seed']) != checkpoint['config']['seed']:
         clash.append(f"--seed={given['seed']} here but the run started with seed {checkpoint['config']['seed']}")
@@ -266,14 +267,18 @@ if compiled:  # one step now, without gradient sync: if it fails, the run goes o
         with model.no_sync() if ddp else nullcontext(), autocast:
             model(*get_batch('train', torch.Generator().manual_seed(0)))[1].backward()
     except Exception as e:  # e.g. no C compiler, a Python that Dynamo does not support yet
-        e = getattr(e, 'inner_exception', e)
+        e, compiled = getattr(e, 'inner_exception', e), False
         print(f"warning: torch.compile failed ({type(e).__name__}: {str(e)[:100]}); running eager")
+    raw_model.zero_grad(set_to_none=True)
+    ok = torch.tensor(float(compiled), device=device)
+    if ddp:  # a rank that failed: every rank runs eager
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if not ok.item():
         compiled = False
         if ddp:
             model.module = raw_model  # DDP calls the eager model
         else:
             model = raw_model
-    raw_model.zero_grad(set_to_none=True)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 iter_num, best_val_loss, saved_val, train_time, tokens = 0, 1e9, math.nan, 0.0, 0
@@ -416,8 +421,14 @@ while training:
                                 rng=rngs, iter_num=iter_num, best_val_loss=best_val_loss, val_loss=saved_val,
                                 train_time=train_time, tokens=tokens, config=config, world_size=world_size,
                                 fingerprint=meta['fingerprint']), ckpt_path + '.tmp')
+            held = hasattr(signal, 'pthread_sigmask')  # a 2nd signal waits for the rename and saved_iter (not Windows)
+            if held:
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            if master:
                 os.replace(ckpt_path + '.tmp', ckpt_path)  # atomic: a crash before it keeps the previous checkpoint
             saved_iter, saving = iter_num, False
+            if held:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
             if stop:  # a signal came during the save
                 on_signal(stop, None)
         t_log, interval_iters = time.time(), 0  # evaluation time is not training time
@@ -497,9 +508,7 @@ def write_sample(prompt):
 
 
 if eval_only:
-    best_only = checkpoint['config'].get('always_save_checkpoint') is False
-    print0(f"{ckpt_path} holds the model of iteration {checkpoint['iter_num']}" + (
-        ", the run's best validation estimate (--always_save_checkpoint=False)" if best_only else ''))
+    print0(f"{ckpt_path} holds the model of iteration {checkpoint['iter_num']}")
     full_eval()
 elif sample:
     write_sample(sample)
