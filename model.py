@@ -623,6 +623,20 @@ def median_layer(stats, key):  # the median over the layers that have a value (N
     return statistics.median(values) if values else None
 
 
+def diagnostics(model, idx):
+    """Both diagnostics of idx (B, T), per layer, and the median layer's as the tail of train.py's eval line."""
+    qk, att = qk_diagnostics(model, idx), attention_diagnostics(model, idx)
+    line = ''
+    if qk:
+        nonlinear = median_layer(qk, 'nonlinear')  # None: too few tokens to fit
+        line += (f" | q/k map: nonlinear {'too few distinct tokens' if nonlinear is None else f'{nonlinear:.2%}'}, "
+                 f"dq {median_layer(qk, 'dq'):.1%}, dk {median_layer(qk, 'dk'):.1%} (median layer)")
+    if att:
+        line += " | attention: entropy {:.2f}, sink {:.2f}, gap {:.2f} (median layer)".format(
+            *(median_layer(att, k) for k in ('entropy', 'sink', 'gap')))
+    return qk, att, line
+
+
 # --------------------------------------------------------------------------------------------------------------
 # FLOP model: what a perfect implementation pays per token of a training step (forward + backward = 3x forward)
 

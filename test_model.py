@@ -1849,7 +1849,8 @@ def test_G3_resume_eval_and_sample_refuse_a_checkpoint_of_another_model_or_corpu
         ('prepare_data.py', f'--input={tmp_path / "b.txt"}', '--name=sx', f'--data_dir={data}', '--force'),
         trains(data, out, '--init_from=resume', '--max_iters=4'))
     assert one_line_error(model, "holds a different run: --attn='diff' here but 'coupled' in the checkpoint; drop")
-    assert one_line_error(preset, "--n_layer=6 (from --preset=small) here but 2 in the checkpoint")
+    assert one_line_error(preset, "--preset=small here (n_layer=6, n_head=6, n_embd=384) but n_layer=2, n_head=4, "
+                                  "n_embd=128 in the checkpoint")
     assert one_line_error(seed, '--seed=2 here but the run started with seed 1337')
     assert forced.returncode == 0, forced.stderr
     for r, name in ((corpus, 'sy'), (changed, 'sx')):  # another corpus named, or the run's corpus prepared again

@@ -36,6 +36,11 @@ def resume_hint():
         f"--init_from=resume --out_dir={shlex.quote(out_dir)}")
 
 
+def hold_signals(held):  # while held, SIGINT and SIGTERM wait (Windows: no such mask)
+    if hasattr(signal, 'pthread_sigmask'):
+        signal.pthread_sigmask(signal.SIG_BLOCK if held else signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def say(line):  # os.write: the signal may have cut into a print() that holds stdout's buffer
     if master:
         with suppress(RuntimeError):
@@ -59,8 +64,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
-from model import (POS, PRESETS, GPT, GPTConfig, attention_diagnostics, attn_names, autocast_dtype, flops_per_token,
-                   median_layer, peak_flops, qk_diagnostics)
+from model import POS, PRESETS, GPT, GPTConfig, attn_names, autocast_dtype, diagnostics, flops_per_token, peak_flops
 
 # -----------------------------------------------------------------------------
 _before = set(globals())  # the settings: what this block adds
@@ -181,10 +185,13 @@ if settings['init_from'] == 'resume' or not trains:
     if not os.path.exists(ckpt_path):
         die(f"no checkpoint at {ckpt_path}; train one first, or point --out_dir at a run")
     checkpoint = torch.load(ckpt_path, map_location='cpu', weights_only=True)
-    asked = PRESETS.get(given.get('preset'), {}) | given  # the model this command names
-    clash = [f"--{k}={asked[k]!r}" + ('' if k in given else f" (from --preset={given['preset']})") + " here but "
-             f"{checkpoint['model_args'][k]!r} in the checkpoint" for k in MODEL_KEYS
-             if k in asked and asked[k] != checkpoint['model_args'][k]]
+    asked, theirs = PRESETS.get(given.get('preset'), {}) | given, checkpoint['model_args']  # the model named here
+    differ = [k for k in MODEL_KEYS if k in asked and asked[k] != theirs[k]]
+    clash = [f"--{k}={given[k]!r} here but {theirs[k]!r} in the checkpoint" for k in differ if k in given]
+    by_preset = [k for k in differ if k not in given]
+    if by_preset:
+        clash.append(f"--preset={given['preset']} here ({', '.join(f'{k}={asked[k]}' for k in by_preset)}) but "
+                     f"{', '.join(f'{k}={theirs[k]}' for k in by_preset)} in the checkpoint")
     if trains and given.get('seed', checkpoint['config']['seed']) != checkpoint['config']['seed']:
         clash.append(f"--seed={given['seed']} here but the run started with seed {checkpoint['config']['seed']}")
     if clash:
@@ -395,18 +402,12 @@ while training:
             losses = dict(train=est[0].item(), val=est[1].item())
         if not all(math.isfinite(v) for v in losses.values()):  # the last update broke it
             not_finite(iter_num, losses['val'])
-        # the diagnostics' batch: 8,192 val tokens whatever the batch or world size (the nonlinear fit's floor)
+        # the diagnostics: 8,192 val tokens at any batch or world size (the nonlinear fit's floor)
         diag = master and diag_interval and (iter_num // eval_interval % diag_interval == 0 or last)
         x = get_batch('val', torch.Generator().manual_seed(10_000), n=-(-8192 // block_size))[0] if diag else None
-        qk, att = (qk_diagnostics(raw_model, x), attention_diagnostics(raw_model, x)) if diag else ([], [])
-        nonlinear = median_layer(qk, 'nonlinear') if qk else None  # None: too few tokens to fit
+        qk, att, line = diagnostics(raw_model, x) if diag else ([], [], '')
         print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val ppl "
-               f"{perplexity(losses['val']):.2f} ({eval_iters}-batch estimates)" + (
-                   " | q/k map: nonlinear {}, dq {:.1%}, dk {:.1%} (median layer)".format(
-                       'too few distinct tokens' if nonlinear is None else f"{nonlinear:.2%}",
-                       median_layer(qk, 'dq'), median_layer(qk, 'dk')) if qk else '') + (
-                   " | attention: entropy {:.2f}, sink {:.2f}, gap {:.2f} (median layer)".format(
-                       *(median_layer(att, k) for k in ('entropy', 'sink', 'gap'))) if att else ''))
+               f"{perplexity(losses['val']):.2f} ({eval_iters}-batch estimates){line}")
         log(dict(event='eval', iter=iter_num, train_loss=losses['train'], val_loss=losses['val'],
                  val_ppl=perplexity(losses['val']), tokens=tokens, time=train_time, qk=qk, attn=att))
         if (losses['val'] < best_val_loss or always_save_checkpoint) and (iter_num > start_iter or last):
@@ -415,20 +416,17 @@ while training:
                          if device_type == 'cuda' else None)] * world_size  # each rank's, for an exact resume
             if ddp:
                 dist.all_gather_object(rngs, rngs[rank])
-            saving = True  # a signal now waits for the save to end (on_signal)
+            saving = True  # a signal now waits for the save (on_signal)
             if master:
                 torch.save(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), model_args=model_args,
                                 rng=rngs, iter_num=iter_num, best_val_loss=best_val_loss, val_loss=saved_val,
                                 train_time=train_time, tokens=tokens, config=config, world_size=world_size,
                                 fingerprint=meta['fingerprint']), ckpt_path + '.tmp')
-            held = hasattr(signal, 'pthread_sigmask')  # a 2nd signal waits for the rename and saved_iter (not Windows)
-            if held:
-                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            hold_signals(True)  # a second signal waits too, for the rename and saved_iter
             if master:
                 os.replace(ckpt_path + '.tmp', ckpt_path)  # atomic: a crash before it keeps the previous checkpoint
             saved_iter, saving = iter_num, False
-            if held:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+            hold_signals(False)
             if stop:  # a signal came during the save
                 on_signal(stop, None)
         t_log, interval_iters = time.time(), 0  # evaluation time is not training time
