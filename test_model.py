@@ -2132,6 +2132,9 @@ def test_G1_ctrl_c_says_where_to_resume(corpus, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# train.py: best-only checkpoints, the test split, DDP on two CPU ranks, compile
+
 def test_a_best_only_checkpoint_says_what_it_holds_and_the_final_evaluation_scores_it(corpus, tmp_path):
     out = tmp_path / 'out'
     assert train(corpus, out, '--max_iters=2', '--eval_interval=2').returncode == 0
@@ -2405,23 +2408,6 @@ def test_estimate_loss_is_one_process_s_batch_means_exactly_and_its_ranks_shares
             assert not shares[0].any() and shares[-1].count_nonzero().item() == 1
 
 
-def test_the_eval_loops_make_no_host_sync_or_blocking_copy_per_batch():
-    # estimate_loss and full_eval: inside their loops over batches, no .item()/.tolist()/.cpu(), no tensor built
-    # from a host number, no all-reduce, no .to() but the non-blocking to_device (pinned on CUDA)
-    tree = ast.parse(open(os.path.join(HERE, 'train.py')).read())
-    for name in ('estimate_loss', 'full_eval'):
-        fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
-        inner = [n for n in ast.walk(fn) if isinstance(n, ast.For)  # the loops over batches: the innermost
-                 and not any(isinstance(m, ast.For) for s in n.body for m in ast.walk(s))]
-        assert inner, name
-        called = {c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, 'id', '')
-                  for loop in inner for c in ast.walk(loop) if isinstance(c, ast.Call)}
-        assert not called & {'item', 'tolist', 'cpu', 'numpy', 'tensor', 'to', 'all_reduce'}, (name, called)
-        assert 'to_device' in called or 'get_batch' in called, (name, called)
-    to_device = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == 'to_device')
-    assert "pin_memory().to(device, non_blocking=True)" in ast.unparse(to_device)
-
-
 def test_the_loop_syncs_with_the_device_only_at_log_steps_and_evals(corpus, tmp_path):
     # every .item()/.cpu()/bool(tensor)... that train.py makes, with the iteration it was made at: between log steps
     # (every 10) and evals (every 15) there must be none, so a GPU never waits for the host
@@ -2519,29 +2505,7 @@ def test_mfu_is_in_the_log_line_where_the_peak_is_known(nan_runs):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# a GPU's facts, checked on a CPU: peaks by the driver's names, dtype=auto, diff's SDPA calls, compiled graphs, bf16
-
-# (the name torch.cuda.get_device_name and nvidia-smi report, dense bf16 TFLOP/s); the sources: model.GPU_PEAK_FLOPS
-DRIVER_NAMES = [('NVIDIA L4', 121), ('NVIDIA L40', 181), ('NVIDIA L40S', 362), ('NVIDIA A10', 125),
-                ('NVIDIA A100-SXM4-40GB', 312), ('NVIDIA A100-SXM4-80GB', 312), ('NVIDIA A100-PCIE-40GB', 312),
-                ('NVIDIA A100 80GB PCIe', 312), ('NVIDIA H100 PCIe', 756), ('NVIDIA H100 80GB HBM3', 989),
-                ('NVIDIA H100 NVL', 835), ('NVIDIA H200', 989), ('NVIDIA H200 NVL', 835), ('NVIDIA H800', 989),
-                ('NVIDIA B200', 2250), ('NVIDIA GeForce RTX 4090', 165), ('NVIDIA GeForce RTX 3090', 71),
-                ('Tesla T4', None), ('NVIDIA A10G', None), ('NVIDIA L4 ', None)]  # not listed: no guess
-
-
-def test_gpu_peaks_by_the_exact_name_the_driver_reports(monkeypatch):
-    for name, tflops in DRIVER_NAMES:
-        monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: name)
-        assert M.peak_flops('cuda:0') == (tflops and tflops * 1e12), name
-    assert M.peak_flops('cpu') is None
-    monkeypatch.setenv('GPU_PEAK_TFLOPS', '400')  # a GPU not in the table: its peak, given
-    assert M.peak_flops('cuda:0') == 400e12
-    for bad in ('fast', '0', '-1', 'inf', 'nan'):
-        monkeypatch.setenv('GPU_PEAK_TFLOPS', bad)
-        with pytest.raises(ValueError, match='GPU_PEAK_TFLOPS'):
-            M.peak_flops('cuda:0')
-
+# a GPU's facts, checked on a CPU: dtype=auto, diff's SDPA calls, compiled graphs, bf16
 
 @pytest.mark.parametrize('native, emulated, want', [(True, True, 'bfloat16'), (False, True, 'float16'),
                                                     (False, False, 'float16')])
@@ -2846,7 +2810,7 @@ def test_every_gpu_recipe_command_runs_at_a_reduced_shape_and_tabulates(wikitext
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# bench.py: records, not timings (timings are never asserted)
+# the report of train.py runs (results/report.py; its tables: results/test_results.py)
 
 def test_the_report_tabulates_train_py_runs_and_skips_a_line_cut_short(corpus, tmp_path, capsys):
     for name, attn in (('out-standard', 'standard'), ('out-coupled', 'coupled')):
