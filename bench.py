@@ -1,462 +1,36 @@
 """
-Speed and results: time attention variants against standard (a training step, a forward pass, generation with and
-without the KV cache) next to the FLOP model's ratio; tabulate and plot train.py runs; the GPU recipe and check.
+Speed: time attention variants against standard (a training step, a forward pass, generation with and without the
+KV cache) next to the FLOP model's ratio; the GPU recipe and the check to run on a first GPU.
 
   python bench.py                                     # standard vs coupled, small preset, CPU-friendly
   python bench.py --preset=60m --batch_size=4 --block_size=256 --attn=standard,coupled,euler,uncoupled
   python bench.py --preset=60m --device=cuda --compile=True --dtype=bfloat16 --batch_size=16 --block_size=1024
-  python bench.py --report=runs --plot=curves.png     # table (and curves) of the train.py runs under runs/
   python bench.py --plan --world_size=8               # the GPU recipe: commands, tokens, GPU time (for 8 GPUs)
   python bench.py --gpu_check                         # on one GPU, ~3 minutes: the recipe's step, eager and compiled
+
+The tables of train.py runs are results/report.py's.
 """
-import os
-import signal
+import argparse
+import ctypes
+import ctypes.util
+import json
+import math
+import sys
+import textwrap
+import time
+from contextlib import nullcontext
+from statistics import median
 
+import torch
+from torch._dynamo.utils import counters
 
-def on_ctrl_c(signum, frame):  # Ctrl-C during the imports (torch's: slow): one line, exit code 130
-    os.write(2, b"\ninterrupted\n")
-    os._exit(130)
-
-
-if __name__ == '__main__':  # not when imported: the importer's handler stays
-    signal.signal(signal.SIGINT, on_ctrl_c)
-
-import argparse  # noqa: E402
-import ctypes  # noqa: E402
-import ctypes.util  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import re  # noqa: E402
-import sys  # noqa: E402
-import textwrap  # noqa: E402
-import time  # noqa: E402
-from contextlib import nullcontext  # noqa: E402
-from itertools import groupby  # noqa: E402
-from statistics import mean, median, stdev  # noqa: E402
-
-import torch  # noqa: E402
-from torch._dynamo.utils import counters  # noqa: E402
-
-from model import (GPU_PEAK_FLOPS, PRESETS, GPT, CausalSelfAttention, GPTConfig, attention_diagnostics,  # noqa
-                   attn_names, flops_per_token, median_layer, peak_flops, qk_diagnostics)
+from model import GPU_PEAK_FLOPS, PRESETS, GPT, CausalSelfAttention, GPTConfig, attn_names, flops_per_token, peak_flops
 
 MODES = ('train', 'forward', 'generate')
 
 
 def flop_ratio(cfg, T):  # the FLOP model: cfg's variant over standard attention of its shape
     return flops_per_token(cfg, T) / flops_per_token(GPTConfig(**{**cfg.__dict__, 'attn': 'standard'}), T)
-
-
-# -----------------------------------------------------------------------------
-# --report: finished train.py runs in rows of comparable runs
-
-# settings that change neither model nor training: runs that differ only in these share a row
-NOT_COMPARED = {'seed', 'out_dir', 'data_dir', 'init_from', 'eval_only', 'device', 'compile', 'preset',
-                'log_interval', 'eval_interval', 'eval_iters', 'always_save_checkpoint', 'time_budget', 'sample',
-                'sample_tokens'}
-COUNTS = ('max_iters', 'batch_size', 'block_size', 'gradient_accumulation_steps', 'warmup_iters')  # the report's sums
-ATTENTION = ('entropy', 'sink', 'gap')  # model.attention_diagnostics, per layer
-
-
-def well_typed(r):  # the fields the report reads have the types it expects
-    num = lambda x: type(x) in (int, float)  # not a bool
-    qk, att = r.get('qk', []), r.get('attn', [])
-    return (isinstance(r.get('event'), str) and isinstance(r.get('config', {}), dict) and isinstance(qk, list)
-            and all(num(r.get(k, 0)) for k in ('iter', 'model_iter', 'tokens', 'model_tokens', 'val_loss', 'val_ppl',
-                                               'ms'))
-            and all(isinstance(s, dict) and (num(s.get('nonlinear')) or s.get('nonlinear', 0) is None)  # None: too few
-                    and isinstance(s.get('dt', []), list)
-                    and all(map(num, s.get('dt', []))) for s in qk)
-            and isinstance(att, list) and all(isinstance(s, dict) and all(num(s.get(k)) for k in ATTENTION)
-                                              for s in att))
-
-
-NUMBER = re.compile(r'[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?')
-
-
-def number(v):  # a setting as train.py meant it: the string "0.002" (a hand-edited or older log) is 0.002
-    if isinstance(v, str) and NUMBER.fullmatch(v.strip()):
-        return int(v) if v.strip().lstrip('+-').isdigit() else float(v)
-    return v
-
-
-def read_log(path):
-    """The records of a metrics.jsonl; a cut line (a run killed while writing) or a wrong record: a warning."""
-    records = []
-    for i, line in enumerate(open(path, encoding='utf-8', errors='replace'), 1):
-        try:
-            r = json.loads(line)
-        except ValueError:
-            r = None
-        if isinstance(r, dict) and well_typed(r):
-            records.append(r)
-        else:
-            print(f"warning: {path}:{i} is not a log record (cut short? wrong types?); skipped", file=sys.stderr)
-    return records
-
-
-def content(path):  # what makes a log one run: its bytes (a symlink, a hard link and a `cp -r` copy are one run)
-    try:
-        with open(path, 'rb') as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:  # a folder of that name: load_runs says so
-        return path
-
-
-def find_logs(folders):  # each folder once, by its real path (overlapping folders, symlinks, their loops); each run once
-    seen, logs = set(), {}
-    for top in folders:
-        for d, subdirs, files in os.walk(top, followlinks=True):
-            if os.path.realpath(d) in seen:
-                subdirs.clear()
-                continue
-            seen.add(os.path.realpath(d))
-            if d.endswith('.new') and os.path.isdir(d[:-4]):  # the lab launcher's retraining of d[:-4]
-                print(f"note: {d} is the retraining of {d[:-4]}, not yet in its place (exercises/ex6_train.py "
-                      "renames it when it ends); left out", file=sys.stderr)
-                subdirs.clear()
-                continue
-            if 'metrics.jsonl' in files + subdirs:
-                path = os.path.join(d, 'metrics.jsonl')
-                logs.setdefault(content(path), []).append(path)
-    for paths in logs.values():
-        if len(paths) > 1:
-            link = len({(os.stat(p).st_dev, os.stat(p).st_ino) for p in paths}) == 1
-            print(f"note: {' and '.join(sorted(paths))} {'are one file (a link)' if link else 'are copies of one log'}"
-                  "; counted once", file=sys.stderr)
-    return sorted(min(paths) for paths in logs.values())
-
-
-def standing(log):
-    """The records up to the last final; a start at iteration N (a resume) voids those past N (lost work), but not a
-    final that scored a model of iteration N or before (a best-only checkpoint, which the resume continues).
-    A run that stopped at a non-finite loss and has no final ends at its 'diverged' record. None: the records are
-    out of order (their iterations go back other than at a start)."""
-    kept, last = [], -math.inf
-    for r in log:
-        if r['event'] == 'start':
-            at = r.get('iter', math.inf)
-            kept = [k for k in kept if k.get('iter', 0) <= at
-                    or k['event'] == 'final' and k.get('model_iter', at + 1) <= at]
-            last = at
-        elif r.get('iter', last) < last:
-            return None
-        kept.append(r)
-        last = r.get('iter', last)
-    ends = [i for i, r in enumerate(kept) if r['event'] == 'final'] or [  # an extension that diverged: its final
-        i for i, r in enumerate(kept) if r['event'] == 'diverged']
-    return kept[:max(ends) + 1] if ends else []
-
-
-def typed(start):  # a start record with its settings typed; None: a count the report sums is not a number
-    s = dict(start, config={k: number(v) for k, v in start['config'].items()}, world_size=number(
-        start.get('world_size') or 1))
-    counts = {k: s['config'][k] for k in COUNTS if k in s['config']} | {'world_size': s['world_size']}
-    return s if all(type(v) in (int, float) for v in counts.values()) else None
-
-
-def load_runs(folders):
-    """Every finished train.py run in or under the folders, labeled by its folder's name less '-s<seed>' and 'out-'
-    (out-coupled-s2: coupled; 'out': its attn) and by what a resume changed: coupled [resumed: max_iters 500->1000]."""
-    runs = []
-    for path in find_logs(folders):
-        try:
-            log = standing(read_log(path))
-        except OSError as e:  # a folder of that name
-            print(f"note: {path}: {e.strerror or e}; left out", file=sys.stderr)
-            continue
-        if log is None:
-            print(f"note: {path}: its records are out of order (an iteration before an earlier one); left out",
-                  file=sys.stderr)
-            continue
-        start = [typed(r) for r in log if r['event'] == 'start' and 'config' in r]
-        if None in start:
-            print(f"note: {path}: a setting among {', '.join(COUNTS)} or its world_size is not a number; left out",
-                  file=sys.stderr)
-            continue
-        final = log[-1] if start else {}
-        if final.get('event') == 'diverged':  # stopped at a non-finite loss: inf, at the tokens it set out to train
-            c = start[-1]['config']
-            final = dict(final, val_loss=math.inf, val_ppl=math.inf, tokens=c.get('max_iters', 0) * c.get(
-                'batch_size', 0) * c.get('block_size', 0) * c.get('gradient_accumulation_steps', 1)
-                * start[-1]['world_size'])
-        if not ('val_loss' in final and min(final.get('tokens', 0), final.get('val_ppl', 0)) > 0):
-            print(f"note: {path} is not a finished run (no final val_ppl, val_loss, tokens > 0); left out",
-                  file=sys.stderr)
-            continue
-        cfg, name = start[-1]['config'], os.path.basename(os.path.dirname(os.path.abspath(path)))
-        label, _, seed = name.rpartition('-s')
-        label = (label if label and seed.isdigit() else name).removeprefix('out-').removeprefix('out_')
-        label = str(cfg.get('attn', '?')) if label in ('out', '') else label
-        # what each start trained with: a setting changed at a resume makes no straight run
-        sets = [{k: v for k, v in s['config'].items() if k not in NOT_COMPARED} | {'world_size': s.get('world_size')}
-                for s in start]
-        changed = ', '.join(f"{k} " + '->'.join(v for v, _ in groupby(str(s.get(k)) for s in sets))
-                            for k in sorted(set().union(*sets)) if any(s.get(k) != sets[0].get(k) for s in sets))
-        if changed:
-            label += f" [resumed: {changed}]"
-            print(f"note: {path}: resumed with other settings; a row of its own", file=sys.stderr)
-        if final.get('model_iter', final.get('iter')) != final.get('iter'):
-            print(f"note: {path}: its result is its best-only checkpoint's model, iteration {final['model_iter']} of "
-                  f"{final['iter']}", file=sys.stderr)
-        evals = [r for r in log if r['event'] == 'eval' and 'val_loss' in r and 'tokens' in r
-                 and r.get('iter', 0) <= final.get('model_iter', math.inf)]  # the curve of the model it scored
-        ms = [r['ms'] for r in log if r['event'] == 'train' and 'ms' in r]
-        losses = [r['loss'] for r in log if r['event'] == 'train' and r.get('iter', 0) > cfg.get('warmup_iters', 0)
-                  and type(r.get('loss')) in (int, float)]  # after warmup
-        text = [s['fingerprint'][:12] for s in start if isinstance(s.get('fingerprint'), str)][-1:]  # (older: none)
-        runs.append(dict(path=path, label=label, corpus=str(cfg.get('dataset', '?')), final=final, evals=evals, ms=ms,
-                         spikes=spikes(losses),
-                         config=cfg | {'seed': start[0]['config'].get('seed')},  # a resume continues the run's RNG
-                         kind=sets[-1] | {'tokens': final.get('model_tokens', final['tokens'])}
-                         | ({'fingerprint': text[0]} if text else {})))
-    return runs
-
-
-def spikes(losses):
-    """Loss spikes: train-loss log points more than 10% above the lowest before them."""
-    low, n = math.inf, 0
-    for x in losses:
-        n += x > 1.1 * low
-        low = min(low, x)
-    return n
-
-
-def group_runs(runs):
-    """Rows: runs of one corpus and label that agree in all that makes them comparable (model, training, tokens);
-    a label whose runs differ: a row per kind, named by what differs, and a note."""
-    rows, notes, by_label = {}, [], {}
-    for r in runs:
-        by_label.setdefault((r['corpus'], r['label']), []).append(r)
-    for (corpus, label), rs in by_label.items():
-        kinds = []
-        for r in rs:
-            if r['kind'] not in kinds:
-                kinds.append(r['kind'])
-        differ = sorted({k for a in kinds for b in kinds for k in set(a) | set(b) if a.get(k) != b.get(k)})
-        if 'fingerprint' in differ:
-            notes.append(f"warning: {corpus}/{label}: its runs trained on different texts under the name {corpus} "
-                         f"(corpus fingerprints {', '.join(sorted({str(k.get('fingerprint')) for k in kinds}))}); "
-                         f"never averaged")
-        if len(kinds) > 1:
-            notes.append(f"note: {corpus}/{label}: its runs are not all alike ({', '.join(differ)} differ); "
-                         f"shown as {len(kinds)} rows")
-        for kind in kinds:
-            name = label if len(kinds) == 1 else label + ' [' + ', '.join(f"{k}={kind.get(k)}" for k in differ) + ']'
-            rows[(corpus, name)] = dict(label=label, kind=kind, runs=[r for r in rs if r['kind'] == kind])
-    return rows, notes
-
-
-SHAPE = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'pos', 'vocab_size')
-BASE = SHAPE + ('fingerprint',)  # a baseline: standard of the same shape, on the same text
-BATCHES = ('eval_iters', 'batch_size', 'block_size', 'dataset')  # equal: the estimates score the same batches
-
-
-def agree(a, b, keys):
-    return all(a.get(k) == b.get(k) for k in keys)
-
-
-def done(runs):  # the runs that finished (a diverged one's perplexity: inf); only these are averaged, in every column
-    return [r for r in runs if math.isfinite(r['final']['val_ppl'])]
-
-
-def curve(row):
-    """Mean over the seeds that finished of the row's validation estimates: [(tokens, loss)] at the evals every one
-    of them logged."""
-    per_seed = [{e['tokens']: e['val_loss'] for e in r['evals']} for r in done(row['runs'])]
-    common = sorted(set.intersection(*(set(p) for p in per_seed))) if per_seed else []
-    return [(t, mean(p[t] for p in per_seed)) for t in common]
-
-
-def tokens_to_reach(points, target):
-    """The first token count at which a curve [(tokens, loss)] reaches target, linearly interpolated; None: never."""
-    for (t0, l0), (t1, l1) in zip([(0, math.inf)] + points, points):
-        if l1 <= target:
-            return t1 if l0 == math.inf else t0 + (t1 - t0) * (l0 - target) / (l0 - l1)
-    return None
-
-
-def token_ratio(row, rows, corpus):
-    """'standard tokens to match' (the paper's "2.4x"): the tokens the longest comparable standard row needs to
-    reach this row's final estimate (mean over its seeds that finished), over this row's tokens; '> N': never.
-    Returns (ratio, that row's key)."""
-    refs = [k for k, r in rows.items() if k[0] == corpus and r['kind'].get('attn') == 'standard'
-            and agree(r['kind'], row['kind'], BASE) and curve(r)
-            and agree(r['runs'][0]['config'], row['runs'][0]['config'], BATCHES)]
-    last = [r['evals'][-1]['val_loss'] for r in done(row['runs']) if r['evals']]
-    if not refs or not last:
-        return '-', None
-    ref = max(refs, key=lambda k: (rows[k]['kind']['tokens'], len(rows[k]['runs'])))
-    points, tokens = curve(rows[ref]), row['kind']['tokens']
-    needed = tokens_to_reach(points, mean(last))
-    return (f"{needed / tokens:.2f}x" if needed is not None else f"> {points[-1][0] / tokens:.2f}x"), ref
-
-
-def by_seed(runs):  # {seed: the final perplexities of its runs}
-    seeds = {}
-    for r in runs:
-        seeds.setdefault(str(r['config'].get('seed')), []).append(r['final']['val_ppl'])
-    return seeds
-
-
-def rows_of(folders):
-    """The rows of the finished runs under folders, each row's final perplexities (one a seed: the mean of the runs
-    that repeat it) and the notes to print last."""
-    for top in folders:
-        if not os.path.isdir(top):  # a typo would else be no runs, or a table quietly short of a folder's rows
-            sys.exit(f"error: {top} is {'a file, ' if os.path.exists(top) else ''}not a run folder; name run folders "
-                     "(the --out_dir of train.py), or folders above them")
-    runs = load_runs(folders)
-    if not runs:
-        sys.exit(f"error: no finished train.py runs in {', '.join(folders)}; name run folders (--out_dir of train.py)")
-    rows, notes = group_runs(runs)
-    notes += [f"note: {c}/{name}: a folder named {row['label']} holds {row['kind'].get('attn')} runs; the table "
-              f"compares them as {row['kind'].get('attn')}" for (c, name), row in rows.items()
-              if row['label'] in attn_names() and row['label'] != row['kind'].get('attn')]
-    ppl = {}
-    for (corpus, name), row in rows.items():
-        seeds = by_seed(row['runs'])
-        ppl[(corpus, name)] = [mean(p) for p in seeds.values()]
-        notes += [f"note: {corpus}/{name}: {len(p)} runs share seed {s}" for s, p in seeds.items() if len(p) > 1]
-    return rows, ppl, notes
-
-
-def results_table(rows, ppl):
-    """The table, a row of runs a line, standard first in each corpus, then by perplexity. Returns the rows in that
-    order, and the standard rows whose curves 'standard tokens to match' read."""
-    print("| corpus | variant | seeds | val ppl (full split, mean +- std) | vs standard | standard tokens to match "
-          "| nonlinear | dt | tokens | ms/iter |\n|---|---|---|---|---|---|---|---|---|---|")
-    used = set()
-    standard = lambda k: rows[k]['kind'].get('attn') == 'standard'  # noqa: E731  (what it trained, not its name)
-    named = {k[0] for k in rows if standard(k) and rows[k]['label'] == 'standard'}
-
-    def baseline(row, corpus):  # the row named standard that trained standard; else the only row that trained it
-        found = [k for k in rows if k[0] == corpus and standard(k) and agree(rows[k]['kind'], row['kind'], BASE)
-                 and (rows[k]['label'] == 'standard' or corpus not in named)]
-        return min(found, key=lambda k: rows[k]['kind']['tokens'] != row['kind']['tokens']) if (
-            corpus in named or len(found) == 1) and found else None  # same tokens first
-    order = sorted(rows, key=lambda k: (k[0], baseline(rows[k], k[0]) != k, mean(ppl[k])))
-    for corpus, name in order:
-        row = rows[(corpus, name)]
-        p, tokens = ppl[(corpus, name)], row['kind']['tokens']
-        base = baseline(row, corpus)
-        rel = '-'
-        if base and finished(p):
-            rel = f"{100 * (finite_mean(p) / finite_mean(ppl[base]) - 1):+.1f}%"
-            if rows[base]['kind']['tokens'] != tokens:  # never compared silently
-                rel += f" at {tokens / rows[base]['kind']['tokens']:.2f}x its tokens"
-            theirs = rows[base]['kind']
-            trained = sorted(k for k in set(row['kind']) | set(theirs) if k not in ('tokens', 'attn')
-                             and not k.startswith('qk_') and row['kind'].get(k) != theirs.get(k))
-            if trained:  # another training (a learning rate, dropout, steps): said, not compared silently
-                at = ', '.join(f"{k}={theirs.get(k)} (this row: {row['kind'].get(k)})" for k in trained)
-                print(f"note: {corpus}/{name}: 'vs standard' compares with {base[1]}, trained at {at}",
-                      file=sys.stderr)
-        ratio, ref = token_ratio(row, rows, corpus)
-        if ref:
-            used.add(ref)
-        qk = []  # each finished seed's final q/k diagnostics, per layer
-        for r in done(row['runs']):
-            q = r['evals'][-1].get('qk') if r['evals'] else None
-            if q and len(q) != r['config'].get('n_layer', len(q)):  # a median over fewer layers is another figure
-                print(f"note: {r['path']}: its final q/k diagnostics logged {len(q)} of {r['config']['n_layer']} "
-                      "layers; left out of the nonlinear and dt columns", file=sys.stderr)
-            elif q:
-                qk.append(q)
-        nonlin = [n for n in (median_layer(q, 'nonlinear') for q in qk) if n is not None]  # None: too few tokens
-        dts = [mean(d for s in q for d in s.get('dt', [])) for q in qk if q[0].get('dt')]
-        ms = [m for r in row['runs'] for m in r['ms'][1:] or r['ms']]
-        print(f"| {corpus} | {name} | {len(p)} | {spread_of(p)} | {rel} | {ratio} | "
-              f"{f'{100 * mean(nonlin):.2f}%' if nonlin else '-'} | "
-              f"{f'{mean(dts):.3f}' if dts else '-'} | {tokens:,} | "
-              f"{f'{median(ms):.0f}' if ms else '-'} |")
-    return order, used
-
-
-def footnote(rows, ppl, used):  # which curves 'standard tokens to match' read, and how
-    for corpus in sorted({c for c, _ in used}):
-        keys = [k for k in rows if k in used and k[0] == corpus]
-        refs = [f"{k[1]} ({len(ppl[k])} seed{'s' * (len(ppl[k]) > 1)}, {len(curve(rows[k]))} evals to "
-                f"{curve(rows[k])[-1][0]:,} tokens)" for k in keys]
-        n = rows[keys[0]]['runs'][0]['config'].get('eval_iters')
-        print(f"\n{corpus}: 'standard tokens to match' reads the curve of {' and '.join(refs)}: its {n}-batch "
-              f"validation estimates, mean over seeds, where they first reach each row's final estimate (interpolated "
-              f"between evals). Estimates are noisy, and a mid-run point is not the end of a run (its learning "
-              f"rate has not decayed yet): standard's own row calibrates the reading")
-
-
-def report(folders, plot=None):
-    """The table of finished train.py runs (and, with plot, their curves)."""
-    rows, ppl, notes = rows_of(folders)
-    if plot:  # first: a path it cannot write to stops it before any output
-        plot_curves(rows, plot)
-    order, used = results_table(rows, ppl)
-    footnote(rows, ppl, used)
-    for note in notes:
-        print(note, file=sys.stderr)
-
-
-def finished(p):  # the perplexities of the seeds that did not diverge (a diverged one: inf)
-    return [x for x in p if math.isfinite(x)]
-
-
-def finite_mean(p):  # a row's mean over the seeds that did not diverge
-    return mean(finished(p) or [math.inf])
-
-
-def spread_of(p):  # "mean +- std" over the seeds that did not diverge, and how many did
-    ok = finished(p)
-    text = f"{mean(ok):.3f}" + (f" +- {stdev(ok):.3f}" if len(ok) > 1 else '') if ok else 'inf'
-    return text + (f" ({len(p) - len(ok)} of {len(p)} diverged)" if len(ok) < len(p) else '')
-
-
-def pyplot():
-    try:
-        import matplotlib
-        import matplotlib.ticker
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        sys.exit("error: --plot needs matplotlib (pip install matplotlib); without --plot, the table needs nothing")
-    return matplotlib, plt
-
-
-def save(fig, path):
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100)
-    except (OSError, ValueError, RuntimeError) as e:  # no such folder, a format matplotlib lacks, .pgf without LaTeX
-        sys.exit(f"error: cannot write --plot={path} ({(str(e) or type(e).__name__).splitlines()[0]})")
-    print(f"wrote {path}", file=sys.stderr)
-
-
-def plot_curves(rows, path):
-    """Validation estimates against tokens, a line per row (mean over the seeds that finished, band: min to max), a
-    panel per corpus."""
-    matplotlib, plt = pyplot()
-    corpora = sorted({c for c, _ in rows})
-    names = sorted({name for _, name in rows})  # a colour per variant: 10 by default, 20 when there are more
-    colors = {name: f"C{i}" if len(names) <= 10 else plt.get_cmap('tab20')(i % 20) for i, name in enumerate(names)}
-    fig, axes = plt.subplots(1, len(corpora), figsize=(5 * len(corpora), 4.2), squeeze=False)
-    for ax, corpus in zip(axes[0], corpora):
-        for (c, name), row in sorted(rows.items(), key=lambda kv: kv[0][1]):
-            if c != corpus or not curve(row):
-                continue
-            per_seed = [{e['tokens']: e['val_loss'] for e in r['evals']} for r in done(row['runs'])]
-            t = [x for x, _ in curve(row)][1:]  # from the first eval after step 0
-            ys = [[math.exp(min(p[x], 700)) for p in per_seed] for x in t]
-            t = [x / 1e6 for x in t]
-            ax.plot(t, [mean(y) for y in ys], label=name, lw=1.3, color=colors[name],
-                    ls='--' if row['kind'].get('attn') == 'standard' else '-')
-            ax.fill_between(t, [min(y) for y in ys], [max(y) for y in ys], alpha=0.15, color=colors[name])
-        ax.set(xlabel='tokens (millions)', title=corpus, yscale='log')
-        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.grid(alpha=0.3, which='both')
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel('validation perplexity (estimate)')
-    save(fig, path)
 
 
 # -----------------------------------------------------------------------------
@@ -563,12 +137,13 @@ def timing(args, variants, modes, device):
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     peak_flop = peak_flops(device)  # for MFU; None: unknown
 
-    models = {}
+    models, flop = {}, {}
     for v in variants:  # standard first
         torch.manual_seed(0)
         cfg = GPTConfig(attn=v, block_size=gen_block, vocab_size=args.vocab_size, qk_steps=args.qk_steps,
                         qk_hidden=args.qk_hidden, **PRESETS[args.preset])
         model = GPT(cfg, verbose=False)
+        flop[v] = flop_ratio(cfg, T) if 'train' in modes else None  # (an entry without a price fails here, first)
         if v != 'standard':  # same weights as standard wherever the architectures agree: CPU speed depends on
             model.load_state_dict(models['standard'][0].state_dict(), strict=False)  # values (up to +-5%)
         model = model.to(device)
@@ -636,7 +211,7 @@ def timing(args, variants, modes, device):
             ratio = median(t / t0 for t, t0 in zip(times[v], times['standard']))
             results[(v, mode)] = dict(attn=v, mode=mode, ms_per_iter=ms, tokens_per_s=ntok / ms * 1000,
                                       ratio_vs_standard=ratio, peak_mem_mb=peak.get(v), iters=iters,
-                                      flop_model_ratio=flop_ratio(models[v][0].config, T) if mode == 'train' else None,
+                                      flop_model_ratio=flop[v] if mode == 'train' else None,
                                       mfu=flops / (ms / 1000) / peak_flop if flops and peak_flop else None,
                                       compiled=compiled[v])
             if mode == 'generate-nocache':  # after 'generate'
@@ -748,41 +323,6 @@ def gpu_check(args, device):
     return records
 
 
-def diag_cost(args, device):
-    """One eval's diagnostics (train.py's: qk_diagnostics on 8,192 tokens, attention_diagnostics on their first
-    sequences) against one forward of the estimate's batch (batch_size sequences, as estimate_loss runs each of its
-    batches), for each --attn variant at --preset, --block_size; random tokens. Wall-clock seconds, one call each."""
-    autocast = (torch.autocast(device.split(':')[0], dtype=getattr(torch, args.dtype)) if args.dtype != 'float32'
-                else nullcontext())
-    sync = torch.cuda.synchronize if device.startswith('cuda') else (lambda: None)
-    records = []
-    for attn in args.attn.split(','):
-        cfg = GPTConfig(attn=attn, block_size=args.block_size, vocab_size=args.vocab_size, qk_steps=args.qk_steps,
-                        **PRESETS[args.preset])
-        model, gen = GPT(cfg, verbose=False).to(device).eval(), torch.Generator().manual_seed(0)
-        batch = torch.randint(args.vocab_size, (args.batch_size, args.block_size), generator=gen).to(device)
-        diag = torch.randint(args.vocab_size, (-(-8192 // args.block_size), args.block_size), generator=gen).to(device)
-        seconds = {}
-        for name, fn in (('forward', lambda: model(batch, batch)),
-                         ('qk_diagnostics', lambda: qk_diagnostics(model, diag)),
-                         ('attention_diagnostics', lambda: attention_diagnostics(model, diag))):
-            with torch.no_grad(), autocast if name == 'forward' else nullcontext():
-                sync()
-                t0 = time.time()
-                fn()
-                sync()
-                seconds[name] = time.time() - t0
-        both = seconds['qk_diagnostics'] + seconds['attention_diagnostics']
-        print(f"diagnostics cost: {cfg.attn}, preset {args.preset}, block {args.block_size}, {device}, "
-              f"{torch.get_num_threads()} threads: one forward of {args.batch_size} sequences "
-              f"{seconds['forward']:.2f} s; qk_diagnostics ({diag.numel():,} tokens) "
-              f"{seconds['qk_diagnostics']:.2f} s, attention_diagnostics {seconds['attention_diagnostics']:.2f} s: "
-              f"{both / seconds['forward']:.1f} forwards, {both / (2 * EVAL_ITERS * seconds['forward']):.1%} of an estimate_loss "
-              f"({2 * EVAL_ITERS} forwards)")
-        records.append(dict(seconds, attn=cfg.attn, mode='diag_cost'))
-    return records
-
-
 # -----------------------------------------------------------------------------
 
 class Parser(argparse.ArgumentParser):
@@ -807,34 +347,13 @@ def main():
     p.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'], help='default float32 (--gpu_check: bf16)')
     p.add_argument('--compile', default='False', choices=['True', 'False'])
     p.add_argument('--json_out', help='a JSON record per (variant, mode) into this file')
-    p.add_argument('--report', help='instead of timing: tabulate the train.py runs under these comma-separated folders')
-    p.add_argument('--plot', help="with --report: draw each row's learning curve into this file")
     p.add_argument('--plan', action='store_true', help="print the paper's 60M ablation as GPU commands with their cost")
     p.add_argument('--world_size', type=int, default=1, help='--plan: GPUs in all (8 a node)')
-    p.add_argument('--diag_cost', action='store_true', help="time one eval's diagnostics against one forward of "
-                   "the estimate's batch (e.g. --preset=60m --block_size=512 --batch_size=32 --attn=coupled)")
     p.add_argument('--gpu_check', action='store_true', help="the recipe's training step on one CUDA GPU (60m, "
                    "32 x 512 tokens, bf16), eager and compiled, with MFU")
     args = p.parse_args()
-    given = {k for k, v in vars(args).items() if v != p.get_default(k)}
-    chosen = [k for k in ('report', 'plan', 'gpu_check', 'diag_cost') if k in given]
-    if len(chosen) > 1:
-        p.error(f"--{' and --'.join(chosen)} are different jobs; run them one at a time")
-    reads = dict(report={'report', 'plot'}, plan={'plan', 'world_size'}).get(chosen[0] if chosen else None)
-    if reads and given - reads:  # e.g. --plan --preset=tiny: the plan is the recipe's, whatever the flags
-        p.error(f"--{chosen[0]} reads only --{', --'.join(sorted(reads - {chosen[0]}))}, not "
-                f"--{', --'.join(sorted(given - reads))}; drop {'it' if len(given - reads) == 1 else 'them'}")
-    if 'world_size' in given and not args.plan:
-        p.error("--world_size is read by --plan only: python bench.py --plan --world_size=8")
-    if args.report is not None and not all(args.report.split(',')):
-        p.error(f"--report={args.report!r} names an empty folder; name the run folders, e.g. --report=runs")
-    if args.plot is not None and not (args.report and os.path.splitext(args.plot)[1]):
-        p.error("--plot draws the runs of --report into a file named by its format: --report=runs --plot=curves.png")
-    if args.report:
-        return report(args.report.split(','), args.plot)
     if args.plan:
-        if not (0 < args.world_size <= SEQUENCES_PER_STEP and SEQUENCES_PER_STEP % args.world_size == 0
-                and (args.world_size <= 8 or args.world_size % 8 == 0)):
+        if SEQUENCES_PER_STEP % args.world_size or not (args.world_size <= 8 or args.world_size % 8 == 0):
             p.error(f"--world_size={args.world_size}: the recipe's {SEQUENCES_PER_STEP} sequences per step split "
                     "evenly over 1, 2, 4, 8, 16, 32, 64 or 128 GPUs")
         return plan(args.world_size)
@@ -842,51 +361,24 @@ def main():
     for k, default in dict(preset='small', dtype='float32', batch_size=4, block_size=256).items():
         if getattr(args, k) is None:  # a flag wins, then the GPU check's shape, then the CPU-friendly one
             setattr(args, k, gpu.get(k, default))
-    for name, low in dict(iters=1, warmup=0, batch_size=1, block_size=1, new_tokens=1, vocab_size=2,
-                          qk_steps=1).items():
-        if getattr(args, name) < low:
-            p.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
-    if args.json_out and not os.path.isdir(os.path.dirname(os.path.abspath(args.json_out))):
-        p.error(f"--json_out={args.json_out}: its folder does not exist; create it first (nothing was timed)")
     variants, modes = args.attn.split(','), args.mode.split(',')
     for flag, given, known in (('attn', variants, attn_names()), ('mode', modes, MODES)):
         for x in given:
             if x not in known:
                 p.error(f"--{flag}: {x!r} is not one of {', '.join(known)}")
     variants = ['standard'] + [v for v in variants if v != 'standard']  # first: every ratio is against it
-    for v in variants:  # the model's own checks, as train.py makes them; the train rows' FLOP model needs a price
-        try:
-            cfg = GPTConfig(attn=v, block_size=max(args.block_size, args.new_tokens + 1), vocab_size=args.vocab_size,
-                            qk_steps=args.qk_steps, qk_hidden=args.qk_hidden, **PRESETS[args.preset])
-        except ValueError as e:
-            p.error(str(e))
-        try:
-            flops_per_token(cfg, 16) if 'train' in modes else None
-        except ValueError as e:
-            p.error(f"--attn={v}: {e}")
     device = args.device if args.device != 'auto' else 'cuda' if torch.cuda.is_available() else 'cpu'
-    if device.split(':')[0] not in ('cpu', 'cuda', 'mps'):
-        p.error(f"--device={device} is unknown; use auto, cpu, cuda, cuda:N or mps")
     if args.gpu_check and not torch.cuda.is_available():
         p.error("--gpu_check needs a CUDA GPU and there is none here; on a CPU, time a step with python bench.py "
                 "--preset=60m --mode=train")
-    if device.startswith('cuda') and not torch.cuda.is_available():
-        p.error(f"--device={device} but CUDA is not available here; use --device=cpu")
-    if device == 'mps' and not torch.backends.mps.is_available():
-        p.error("--device=mps but Apple's MPS is not available here (macOS on Apple silicon only); use --device=cpu")
-    try:
-        peak_flops(device)  # for MFU: $GPU_PEAK_TFLOPS, checked before any work
-    except ValueError as e:
-        p.error(str(e))
-    # float32 matmuls on TF32 tensor cores (Ampere on); sets the legacy and the new flag alike on every torch
-    # (the new fp32_precision alone: unknown before 2.9, at odds with Inductor's reads of allow_tf32 after)
-    torch.set_float32_matmul_precision('high')
+    if not {'cpu': True, 'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}.get(
+            device.split(':')[0]):
+        p.error(f"--device={device} is unknown, or not available here; use auto, cpu, cuda[:N] or mps")
+    torch.set_float32_matmul_precision('high')  # float32 matmuls on TF32 tensor cores (Ampere on)
     if not device.startswith('cuda'):
         keep_freed_memory()
     if args.gpu_check:
-        results = {i: r for i, r in enumerate(gpu_check(args, device))}
-    elif args.diag_cost:
-        results = {i: r for i, r in enumerate(diag_cost(args, device))}
+        results = dict(enumerate(gpu_check(args, device)))
     else:
         results = timing(args, variants, modes, device)
         print_timing(results, args)

@@ -78,7 +78,7 @@ class Table(dict):  # an unknown name is an error, never a default; a taken one 
 
     def __setitem__(self, name, value):  # `del TABLE[name]` first to replace a built-in on purpose
         if name in self:
-            raise ValueError(f"{self.what} {name!r} is taken; give yours a new name (e.g. 'mine')")
+            raise ValueError(f"{self.what} {name!r} is taken; give yours another name")
         super().__setitem__(name, value)
 
 
@@ -174,11 +174,9 @@ class Hamiltonian(nn.Module):
 
     def __init__(self, n_head, head_size, hidden, steps, integrator='leapfrog', dt=0.1, w_std=None, force='potential'):
         super().__init__()
-        if len(inspect.signature(INTEGRATORS[integrator].step).parameters) != 4:
-            raise TypeError(f"integrator {integrator!r}: a step is step(h, q, k, dt) -> (q, k), it takes no kick")
         self.f = FORCES[force](n_head, head_size, hidden, w_std=w_std)
         self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
-        self.steps, self.integrator = steps, integrator
+        self.steps, self.integrator = steps, INTEGRATORS[integrator] and integrator  # an unknown name fails here
 
     def force(self, q, scale=1.0):  # scale F(q); a subclass may change it (exercise 1)
         return self.f(q, scale)
@@ -192,10 +190,7 @@ class Hamiltonian(nn.Module):
         # (B, nh, T, hs) -> (nh, B*T, hs): the force is one batched matmul
         q, k = (x.transpose(0, 1).reshape(nh, B * T, hs) for x in (q, k))
         for _ in range(self.steps):
-            out = self.step(q, k, dt)
-            if len(out) != 2:  # a step hands nothing on to the next (a kick to reuse, say)
-                raise TypeError(f"integrator {self.integrator!r}: a step returns (q, k), not {len(out)} values")
-            q, k = out
+            q, k = self.step(q, k, dt)
         return tuple(x.view(nh, B, T, hs).transpose(0, 1) for x in (q, k))  # (B, nh, T, hs)
 
 
@@ -299,15 +294,6 @@ def qk_transform(name, n_head, head_size, config):
     w_std = config.qk_scale / (0.02 * math.sqrt(config.n_embd * head_size)) if config.qk_scale > 0 else None
     given = dict(hidden=spec.width(config.qk_hidden), steps=config.qk_steps, dt=config.qk_dt, w_std=w_std)
     return spec.cls(n_head, head_size, **{k: given[k] for k in takes(spec.cls)}, **spec.args(config))
-
-
-def qk_flags_read(config):
-    """The qk_* fields config's q/k map reads: those its constructor names, and qk_decay if it has matrices."""
-    if not config.qk_name:
-        return set()
-    qk = qk_transform(config.qk_name, 1, config.n_embd // config.n_head, config)  # one head, to look at
-    matrices = [m for m in qk.modules() if isinstance(m, nn.Linear) or getattr(m, 'matrices', ())]
-    return {QK_FLAGS[k] for k in takes(QK_TRANSFORMS[config.qk_name].cls)} | ({'qk_decay'} if matrices else set())
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -637,6 +623,20 @@ def median_layer(stats, key):  # the median over the layers that have a value (N
     return statistics.median(values) if values else None
 
 
+def diagnostics(model, idx):
+    """Both diagnostics of idx (B, T), per layer, and the median layer's as the tail of train.py's eval line."""
+    qk, att = qk_diagnostics(model, idx), attention_diagnostics(model, idx)
+    line = ''
+    if qk:
+        nonlinear = median_layer(qk, 'nonlinear')  # None: too few tokens to fit
+        line += (f" | q/k map: nonlinear {'too few distinct tokens' if nonlinear is None else f'{nonlinear:.2%}'}, "
+                 f"dq {median_layer(qk, 'dq'):.1%}, dk {median_layer(qk, 'dk'):.1%} (median layer)")
+    if att:
+        line += " | attention: entropy {:.2f}, sink {:.2f}, gap {:.2f} (median layer)".format(
+            *(median_layer(att, k) for k in ('entropy', 'sink', 'gap')))
+    return qk, att, line
+
+
 # --------------------------------------------------------------------------------------------------------------
 # FLOP model: what a perfect implementation pays per token of a training step (forward + backward = 3x forward)
 
@@ -665,15 +665,8 @@ GPU_PEAK_FLOPS = {
 
 def peak_flops(device):
     """The peak for MFU: $GPU_PEAK_TFLOPS if set (a GPU not in the table), else the table's; None if neither."""
-    given = os.environ.get('GPU_PEAK_TFLOPS', '')
-    if given:
-        try:
-            tflops = float(given)
-        except ValueError:
-            tflops = math.nan
-        if not 0 < tflops < math.inf:
-            raise ValueError(f"GPU_PEAK_TFLOPS={given!r} is not a positive number; give the GPU's dense bf16 TFLOP/s")
-        return tflops * 1e12
+    if os.environ.get('GPU_PEAK_TFLOPS'):
+        return float(os.environ['GPU_PEAK_TFLOPS']) * 1e12
     return GPU_PEAK_FLOPS.get(torch.cuda.get_device_name(device)) if str(device).startswith('cuda') else None
 
 

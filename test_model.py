@@ -3,14 +3,16 @@ The spec, in pytest. First the mathematics each attention variant promises (mode
 attention, leapfrog is reversible and keeps volume, the closed-form force is the gradient of V, no position sees
 the future, the KV cache equals the full forward pass, the parameter budgets. These run in this process.
 Then the scripts, run the way a user runs them, each a process of its own started by the small harness that opens
-that part: prepare_data.py, train.py (resume, evaluation, bad input, Ctrl-C, a full disk, DDP, compile), bench.py,
-and the repository's pages. The lab's tests live beside it, in exercises/test_lab.py, and
-the results' in results/test_results.py; the one command runs all three.
+that part: prepare_data.py, train.py and its promises (test_G1_...: no run lost; test_G2_...: exact resume;
+test_G3_...: never silently wrong; test_G4_...: one clear line for a plausible mistake), bench.py, and the
+repository's pages. The lab's tests live in exercises/test_lab.py, the record's in results/test_results.py; the one
+command runs all three.
 Run: python -m pytest -q
 """
 import ast
 import contextlib
 import dataclasses
+import glob
 import gzip
 import hashlib
 import http.server
@@ -42,6 +44,8 @@ import torch.nn.functional as F
 import bench
 import prepare_data
 import model as M
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results'))
+import report  # noqa: E402  (results/report.py: the tables of runs)
 from model import (FORCES, INTEGRATORS, PRESETS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Integrator, Invertible,
                    KVCache, attn_names, flops_per_token, qk_diagnostics)
 
@@ -495,25 +499,6 @@ def test_n_leapfrog_steps_pay_2n_forces_and_equal_kick_drift_kick():
     assert torch.equal(q1, q) and torch.equal(k1, k)
 
 
-def test_a_step_that_hands_a_force_on_is_refused_naming_the_integrator(monkeypatch):
-    # the old contract's silent mistake (a cached, pre-scaled kick passed to the next step) cannot be written: a step
-    # taking a kick is refused when built, one returning one is refused when run
-    takes, returns = new_name('takes-kick'), new_name('returns-kick')
-
-    def with_kick(h, q, k, dt, kick=None):
-        return M.leapfrog(h, q, k, dt)
-
-    def kick_out(h, q, k, dt):
-        q, k = M.leapfrog(h, q, k, dt)
-        return q, k, h.force(q, dt / 2)
-    monkeypatch.setitem(INTEGRATORS, takes, INTEGRATORS['leapfrog']._replace(step=with_kick))
-    monkeypatch.setitem(INTEGRATORS, returns, INTEGRATORS['leapfrog']._replace(step=kick_out))
-    with pytest.raises(TypeError, match=f"integrator '{takes}': a step is step\\(h, q, k, dt\\)"):
-        Hamiltonian(2, 4, 3, 2, takes)
-    with pytest.raises(TypeError, match=f"integrator '{returns}': a step returns \\(q, k\\), not 3 values"):
-        Hamiltonian(2, 4, 3, 2, returns).double()(*qk_pair(nh=2, hs=4))
-
-
 def test_an_unknown_integrator_or_force_is_an_error_at_construction_and_at_call():
     unknown = new_name('unknown')
     with pytest.raises(ValueError, match='leapfrog'):  # the message lists the names
@@ -530,7 +515,7 @@ def test_a_table_refuses_a_taken_name():
     # exercise 6 registered as 'euler' would silently replace the built-in: refused, naming it
     for table, name in ((INTEGRATORS, 'euler'), (QK_TRANSFORMS, 'coupled'), (FORCES, 'mlp')):
         before = table[name]
-        with pytest.raises(ValueError, match=f"'{name}' is taken; give yours a new name"):
+        with pytest.raises(ValueError, match=f"'{name}' is taken; give yours another name"):
             table[name] = before
         assert table[name] is before
 
@@ -624,7 +609,6 @@ def test_an_honest_map_with_no_dynamics_passes_every_per_entry_test(monkeypatch)
         except pytest.skip.Exception:
             skipped.append(what)
     assert len(ran) > 25 and all('dt_zero' in what for what in skipped), (len(ran), skipped)  # no identity claimed
-    assert M.qk_flags_read(tiny(name)) == set() and M.qk_flags_read(tiny('coupled')) == {*M.QK_FLAGS.values(), 'qk_decay'}
     model = build(name, qk_decay=True)
     assert all(torch.equal(qk.g, torch.full((4, 1, 1), math.sqrt(8))) for qk in qk_maps(model))
 
@@ -644,7 +628,6 @@ def test_a_q_k_maps_own_initialization_is_left_alone_by_the_models(monkeypatch):
     model = build(name)
     assert all(not qk.mix.weight.any() for qk in qk_maps(model))
     assert 0.015 < model.transformer.h[0].attn.c_attn.weight.std() < 0.025
-    assert M.qk_flags_read(tiny(name)) == {'qk_decay'}  # it has a matrix to decay
 
 
 def invert(inv, q, k):  # Invertible's map backwards: q = (q - t2(k)) exp(-s2(k)), then k = (k - t1(q)) exp(-s1(q))
@@ -1130,7 +1113,8 @@ def test_an_entry_without_a_price_is_refused_where_a_price_is_needed_and_trains_
     r = run('-c', f"import model, runpy, sys; model.QK_TRANSFORMS[{name!r}] = model.QK_TRANSFORMS['coupled']._replace("
             f"flops=None); sys.argv = ['bench.py', '--attn={name}', '--mode=train']; runpy.run_path('bench.py', "
             "run_name='__main__')")
-    assert r.returncode == 1 and r.stderr.count('\n') == 1 and f'{name} has no FLOP price' in r.stderr, r.stderr
+    assert r.returncode == 1 and f'ValueError: {name} has no FLOP price' in r.stderr, r.stderr  # before any timing
+    assert 'bench: preset' not in r.stdout
 
 
 def test_an_unknown_transform_is_an_error_in_the_flop_model_never_a_zero(monkeypatch):
@@ -1425,6 +1409,22 @@ def one_line_error(r, words):
     return r.returncode != 0 and 'Traceback' not in r.stderr and '\n' not in err and words in err
 
 
+def tabulate(capsys, *folders):
+    """python results/report.py FOLDERS in this process: (exit code, stdout, stderr)."""
+    try:
+        report.main([str(f) for f in folders])
+        code = 0
+    except SystemExit as e:  # sys.exit('error: ...'): Python prints the line and exits with 1
+        code = print(e.code, file=sys.stderr) or 1 if isinstance(e.code, str) else e.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def report_rows(stdout, table=0):  # the rows of the first table (the results)
+    return {row.split(' | ')[1]: row.split(' | ') for row in stdout.split('\n\n')[table].splitlines()
+            if row.startswith('| pydocs')}
+
+
 
 PROBE = """
 import atexit, multiprocessing, os, signal, sys, threading, time, model
@@ -1507,7 +1507,7 @@ def test_prepare_round_trip_bytes(tmp_path):
     decoded = bytes(train[:-1].astype(np.uint8)) + bytes(val[:-1].astype(np.uint8))
     assert decoded.decode('utf-8') == TEXT
     assert meta['bytes'] == {'train': len(train) - 1, 'val': len(val) - 1}  # the text's UTF-8 bytes, for bits/byte
-    assert json.load(open(out / 'meta.json'))['tokenizer'] == 'bytes'
+    assert json.load(open(out / 'meta.json')) == meta and meta['tokenizer'] == 'bytes'
 
 
 def test_prepare_round_trip_gpt2_through_offline_cache(tmp_path):
@@ -1518,7 +1518,7 @@ def test_prepare_round_trip_gpt2_through_offline_cache(tmp_path):
     src = tmp_path / 'abstracts.jsonl'
     src.write_text('\n'.join(json.dumps(d) for d in docs) + '\n')
     meta = prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path / 'data'), tokenizer='gpt2')
-    assert meta['vocab_size'] == 50257 and meta['eot_token'] == 50256
+    assert meta['vocab_size'] == 50257
     out = tmp_path / 'data' / 'abstracts'
     enc = tiktoken.get_encoding('gpt2')
     tokens = np.concatenate([read_bin(out / 'train.bin'), read_bin(out / 'val.bin')]).tolist()
@@ -1527,45 +1527,19 @@ def test_prepare_round_trip_gpt2_through_offline_cache(tmp_path):
     assert sorted(texts) == sorted(d['text'] for d in docs)
 
 
-def test_prepare_does_not_redo_finished_work(tmp_path):
+def test_prepare_keeps_finished_work_and_refuses_other_text_under_its_name(tmp_path):
     src = tmp_path / 'play.txt'
     src.write_text(TEXT)
     prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path))
     stamp = os.path.getmtime(tmp_path / 'play' / 'train.bin')
-    r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path}')
-    assert r.returncode == 0 and 'already prepared' in r.stdout
+    same = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path}')
+    assert same.returncode == 0 and 'already prepared' in same.stdout
     assert os.path.getmtime(tmp_path / 'play' / 'train.bin') == stamp
-    (tmp_path / 'play' / 'meta.json').write_text('{"tokens": [1, 2')  # a corrupt meta.json: simply redo
-    r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path}')
-    assert r.returncode == 0 and 'redoing' in r.stdout and json.load(open(tmp_path / 'play' / 'meta.json'))['bytes']
-
-
-def test_prepare_failure_leaves_no_partial_output(tmp_path, monkeypatch):
-    src = tmp_path / 'docs'
-    src.mkdir()
-    (src / 'a.jsonl').write_text(json.dumps({'text': 'one ' * 200}) + '\n' + json.dumps({'text': 'two ' * 200}))
-    prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path / 'data'))
-    out = tmp_path / 'data' / 'docs'
-    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
-    # 1) corrupt input on a forced redo: one clear line, and the finished dataset is untouched
-    (src / 'b.jsonl').write_text('{"text": "three"}\nnot json\n')
-    r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}', '--force')
-    assert one_line_error(r, 'b.jsonl:2')
-    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
-    # 2) interrupted, or failing (a full disk), in the middle of writing tokens: no temp file, old data intact
-    (src / 'b.jsonl').write_text('{"text": "three"}\n' * 100)
-    real = prepare_data.write_tokens
-    for error in (KeyboardInterrupt(), OSError(28, 'No space left on device')):
-        def write_then_fail(tmp, docs, tok):
-            real(tmp, docs[:1], tok)  # a partial file exists when the failure comes
-            raise error
-        monkeypatch.setattr(prepare_data, 'write_tokens', write_then_fail)
-        with pytest.raises(type(error)):
-            prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path / 'data'), force=True)
-        assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
-    # 3) a failure on a fresh name leaves no directory behind
-    r = run('prepare_data.py', f'--input={tmp_path / "missing.txt"}', f'--data_dir={tmp_path / "data"}')
-    assert r.returncode != 0 and not (tmp_path / 'data' / 'missing').exists()
+    src.write_text(TEXT * 2)  # the same file, other text: a run trained on the old one must not meet it silently
+    other, forced = scripts(('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path}'),
+                            ('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path}', '--force'))
+    assert one_line_error(other, 'holds play prepared otherwise (input_sha256 differs); --force replaces it')
+    assert forced.returncode == 0 and len(read_bin(tmp_path / 'play' / 'train.bin')) > len(TEXT) * 1.5
 
 
 def test_a_corpus_not_prepared_names_the_command_that_prepares_it_where_the_run_looks(tmp_path, monkeypatch):
@@ -1577,44 +1551,6 @@ def test_a_corpus_not_prepared_names_the_command_that_prepares_it_where_the_run_
         with pytest.raises(prepare_data.DataError) as e:
             prepare_data.load(data_dir, name, 32)
         assert str(e.value).endswith(f"not found; prepare the corpus first: {command}"), e.value
-
-
-def test_prepare_ctrl_c_at_work_removes_what_it_began(tmp_path):
-    src = tmp_path / 'docs'
-    src.mkdir()
-    (src / 'a.jsonl').write_text('{"text": "one"}\n')
-    stuck = 'import json, time\njson.loads = lambda *a, **k: time.sleep(120)'  # at work, reading, when stopped
-    p = start('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}', patch=stuck)
-    wait_for(tmp_path / 'data' / 'docs', timeout=30)
-    time.sleep(0.2)  # past the folder's creation, into the read
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=30)
-    assert p.returncode == 130 and 'Traceback' not in err, err
-    assert err.strip() == 'interrupted: no partial output was kept; run the same command again'
-    assert not (tmp_path / 'data').exists()  # the folders it made are gone
-
-
-@pytest.mark.skipif(not hasattr(os, 'mkfifo'), reason='needs a named pipe')
-def test_prepare_reads_linked_folders_skips_special_files_and_a_bom_in_one_line(tmp_path):
-    src, other = tmp_path / 'docs', tmp_path / 'other'
-    src.mkdir(), other.mkdir()
-    os.mkfifo(src / 'a.txt')  # reading it would wait for a writer that never comes
-    (src / 'b.jsonl').write_text('\ufeff' + json.dumps({'text': TEXT}) + '\n', encoding='utf-8')  # a BOM first
-    (other / 'c.txt').write_text(TEXT)
-    os.symlink(other, src / 'linked')
-    os.symlink(src, other / 'loop')  # a loop of links: each folder read once
-    os.symlink(tmp_path / 'gone.txt', src / 'dangling.txt')  # a link to nothing: skipped, but said
-    r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}', timeout=60)
-    assert r.returncode == 0 and r.stdout.count('note: skipped') == 2 and 'a.txt: not a regular file' in r.stdout
-    assert 'dangling.txt: a link to nothing' in r.stdout
-    tokens = np.concatenate([read_bin(tmp_path / 'data' / 'docs' / f'{s}.bin') for s in ('train', 'val')])
-    assert (tokens == 256).sum() == 3 and len(tokens) == 2 * len(TEXT.encode()) + 3  # b, c, and c's cut
-    # a dotfile names its folder without the dot; debris that names no process is left alone
-    (tmp_path / '.notes.txt').write_text(TEXT)
-    (tmp_path / 'data' / 'notes').mkdir()
-    (tmp_path / 'data' / 'notes' / 'junk.tmp99999999999999999999').write_text('mine')
-    r = run('prepare_data.py', f'--input={tmp_path / ".notes.txt"}', f'--data_dir={tmp_path / "data"}')
-    assert r.returncode == 0 and (tmp_path / 'data' / 'notes' / 'junk.tmp99999999999999999999').exists()
 
 
 @pytest.mark.parametrize('docs', [['a' * 10_000, 'b\n' * 45_000], ['Title\n', 'x' * 60_000], ['', 'word ' * 400],
@@ -1643,28 +1579,23 @@ def test_the_val_fraction_is_measured_in_the_tokens_the_model_sees(tmp_path, tok
     assert meta['val_fraction'] == 0.1 and meta['val_fraction_measured'] == round(share, 4)
 
 
-def test_a_split_too_small_to_train_or_evaluate_on_is_refused(tmp_path):
-    (tmp_path / 'tiny.txt').write_text('x' * 300)  # val: 29 bytes and its end of text, a tenth of 301 tokens
-    with pytest.raises(prepare_data.DataError, match='val split would hold only 30 tokens.*larger --val_fraction'):
-        prepare_data.prepare(None, input=str(tmp_path / 'tiny.txt'), data_dir=str(tmp_path))
-    assert not (tmp_path / 'tiny').exists()
-
-
-PINNED = {  # sha256 of the README's corpora's token files, as prepared since the laptop table's runs
+PINNED = {  # sha256 of the corpora's token files (README and results/), as prepared since their runs were made
     'shakespeare': ('tinyshakespeare/input.txt', 'f15494575ff4787ada05a2f612ca4aed7bc4ff26df0f824c2832b3051c7889aa',
                     'c05585963b772a0c69463c68b510fe39e162322d6f30b0c3a297f2ebc250f818'),
     'pubmed': ('pubmed/ori_pqal.json', '4e85f43e2913355a9171a66c0ee1cd1a1003b27d27805ccb8bf953f5108dceb3',
                '305a4e61b5eb726da0800cf796f8b9efaa9c8d355c9282a9ef2cbbad3bacbfde'),
     'web': ('web/c4-sample.00000-of-00001.json.gz', '12e9563bd61f85f27878c3c1f13ce5d25fb801b4a0e111566b8b4275e7a1a5c4',
             '70ca8d58f88308201d1d39ae0c460d65fa7e4f2df4cc433b75cb556c79c55f1a'),
+    'wikitext': ('wikitext-2-raw/wiki.test.raw', '0780526de77f2da6c9de839f33f0b7c7f3befee877237d586586629c23e2a54e',
+                 '8320123a7600473378787115cefd9883655558eacba9cd0b0c06e2e9f09df3f2'),  # an --input, CRLF read as LF
     'pydocs': ('3.11.7', 'e931b7c5241eb0b313934b87cfe34e55594796c8903f50302c31f1953eeff005',  # this Python's docs
                '5532d1eb6ee1913bd0a0f3efe51f7af87c0df2d95999249766c710f078fb3446'),
 }
 
 
 @pytest.mark.parametrize('name', PINNED)
-def test_the_readme_corpora_split_as_they_always_did(corpus, tmp_path, name):
-    # WikiText comes split: its splits are the archive's files, as test_wikitext_zip_with_the_archives_layout checks
+def test_the_corpora_split_as_they_always_did(corpus, tmp_path, name):
+    # WikiText-103 comes split: its splits are the archive's files, as test_wikitext_zip_with_the_archives_layout checks
     source, *want = PINNED[name]
     if name == 'pydocs':
         if platform.python_version() != source:
@@ -1674,50 +1605,26 @@ def test_the_readme_corpora_split_as_they_always_did(corpus, tmp_path, name):
     path = os.path.join(os.environ.get('CORPORA_DIR', ''), source)  # offline copies of the sources (.ci/run sets it)
     if not os.environ.get('CORPORA_DIR') or not os.path.exists(path):
         pytest.skip(f"no offline copy of {name}'s source: set CORPORA_DIR to a folder that holds {source}")
-    meta = prepare_data.prepare(name, input=path, data_dir=str(tmp_path))
+    meta = prepare_data.prepare(None if name == 'wikitext' else name, input=path, name=name, data_dir=str(tmp_path))
     assert [prepare_data.sha256_of(tmp_path / name / f'{s}.bin') for s in ('train', 'val')] == want
     assert meta['fingerprint'] == prepare_data.fingerprint({s: tmp_path / name / f'{s}.bin' for s in meta['tokens']})
 
 
-def test_prepare_removes_what_a_killed_run_left(tmp_path):
-    src = tmp_path / 'play.txt'
-    src.write_text(TEXT)
-    out = tmp_path / 'play'
-    out.mkdir()
-    dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True, text=True)
-    debris = [out / f'train.bin.tmp{dead.stdout.strip()}', out / f'ckpt.pt.tmp{dead.stdout.strip()}']
-    for f in debris:
-        f.write_bytes(b'half')
-    prepare_data.prepare(None, input=str(src), data_dir=str(tmp_path))
-    assert not any(f.exists() for f in debris) and not [f for f in os.listdir(out) if '.tmp' in f]
-
-
 @pytest.mark.parametrize('args, words', [
-    (['--name=../../x'], 'plain folder name'),
-    (['--name=/tmp/elsewhere'], 'plain folder name'),
-    (['--name=.'], 'plain folder name'),
-    (['nocorpus'], 'unknown corpus'),
-    (['pydocs'], 'pydocs is built in and reads no file; drop --input'),  # it was ignored, and recorded as the source
-    (['--name='], '--name is empty'),
-    (['--data_dir=FILE/sub'], 'cannot write'),
+    (['nocorpus'], "unknown corpus 'nocorpus'; choose one of pydocs"), (['--input=MISSING'], 'does not exist'),
+    (['--input=BAD'], "bad.jsonl:2 is not a JSON object with a string field 'text'"),
+    (['--input=SMALL'], 'val split would hold only 30 tokens, too few to train or evaluate on (at least 64); give '
+                        'more text or a larger --val_fraction'),
+    (['--val_fraction=1.5'], '--val_fraction must be between 0 and 1'), (['--tokenizer=words'], "invalid choice"),
 ])
-def test_prepare_bad_input_gives_one_line_and_writes_nothing_outside(tmp_path, args, words):
-    src = tmp_path / 'play.txt'
-    src.write_text(TEXT)
-    (tmp_path / 'FILE').write_text('a file where a folder should be')
-    args = [a.replace('FILE', str(tmp_path / 'FILE')) for a in args]
-    r = run('prepare_data.py', f'--input={src}', *([] if any('data_dir' in a for a in args) else
-                                                    [f'--data_dir={tmp_path / "data"}']), *args)
-    assert one_line_error(r, words)
-    assert sorted(os.listdir(tmp_path)) in (['FILE', 'play.txt'], ['FILE', 'data', 'play.txt'])
-    assert not os.path.exists(tmp_path / 'x') and not os.path.exists('/tmp/elsewhere/meta.json')
-
-
-def test_prepare_refuses_a_lone_surrogate_in_one_line(tmp_path):
-    src = tmp_path / 'bad.jsonl'
-    src.write_text('{"text": "fine"}\n{"text": "broken \\ud800 text"}\n')
-    r = run('prepare_data.py', f'--input={src}', f'--data_dir={tmp_path / "data"}')
-    assert one_line_error(r, 'bad.jsonl:2') and 'surrogate' in r.stderr and not (tmp_path / 'data' / 'bad').exists()
+def test_prepare_bad_input_gives_one_line(tmp_path, args, words):
+    (tmp_path / 'bad.jsonl').write_text('{"text": "fine"}\n{"title": "no text"}\n')
+    (tmp_path / 'small.txt').write_text('x' * 300)  # val: 29 bytes and its end of text, a tenth of 301 tokens
+    files = dict(MISSING='missing.txt', BAD='bad.jsonl', SMALL='small.txt')
+    args = [a.replace(k, str(tmp_path / f)) for a in args for k, f in files.items() if k in a] or args
+    r = run('prepare_data.py', *args, f'--data_dir={tmp_path / "data"}')
+    assert one_line_error(r, words), r.stderr
+    assert not glob.glob(str(tmp_path / 'data' / '*' / 'meta.json'))
 
 
 # The paper's other corpora, through the real download path from a local server: fixtures in the files' formats
@@ -1767,10 +1674,9 @@ def test_paper_corpora_download_check_and_parse(tmp_path, server, monkeypatch, n
     assert (out / fn).read_bytes() == blob  # the download is kept next to the tokens
     # a file that changed upstream fails the checksum: one line, nothing left behind
     monkeypatch.setitem(prepare_data.CORPORA, name, dict(prepare_data.CORPORA[name], sha256='0' * 64))
-    monkeypatch.setattr(prepare_data.time, 'sleep', lambda s: None)
-    with pytest.raises(prepare_data.DataError, match='sha256'):
+    with pytest.raises(prepare_data.DataError, match='does not have the expected sha256'):
         prepare_data.prepare(name, data_dir=str(tmp_path / 'other'))
-    assert not (tmp_path / 'other' / name).exists()
+    assert not (tmp_path / 'other' / name / fn).exists() and not (tmp_path / 'other' / name / 'meta.json').exists()
 
 
 def test_wikitext_zip_with_the_archives_layout(tmp_path, server, monkeypatch):
@@ -1788,34 +1694,22 @@ def test_wikitext_zip_with_the_archives_layout(tmp_path, server, monkeypatch):
 
 
 def test_offline_named_corpus_fails_in_one_line_and_local_copy_works(tmp_path):
-    r = run('-c', 'import prepare_data, sys; prepare_data.time.sleep = lambda s: None; '
+    r = run('-c', 'import prepare_data, sys; '
             'prepare_data.CORPORA["pubmed"]["url"] = "http://127.0.0.1:9/ori_pqal.json"; '
             f'sys.argv = ["prepare_data.py", "pubmed", "--data_dir={tmp_path / "data"}"]; '
             'exec(open("prepare_data.py").read())')
     assert r.returncode != 0 and 'Traceback' not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert '--input=<path to ori_pqal.json>' in r.stderr and not (tmp_path / 'data').exists()  # nothing left
+    assert '--input=<path to ori_pqal.json>' in r.stderr and not os.path.exists(tmp_path / 'data' / 'pubmed' / 'meta.json')
     blob, items = pubmed_fixture()
     (tmp_path / 'ori_pqal.json').write_bytes(blob)
     r = run('prepare_data.py', 'pubmed', f'--input={tmp_path / "ori_pqal.json"}', f'--data_dir={tmp_path / "data"}')
-    assert r.returncode == 0 and 'not byte for byte' in r.stdout  # a fixture, not the real file: said, then used
+    assert r.returncode == 0 and 'is not byte for byte' in r.stdout  # a fixture, not the real file: said, then used
     assert json.load(open(tmp_path / 'data' / 'pubmed' / 'meta.json'))['corpus'] == 'pubmed'
 
 
-@pytest.mark.parametrize('name, fn, blob', [
-    ('web', 'ori_pqal.json', lambda: pubmed_fixture()[0]),                  # PubMedQA's JSON as "web"
-    ('shakespeare', 'c4.json.gz', lambda: web_fixture()[0]),                # C4 pages as "shakespeare"
-    ('shakespeare', 'c4.jsonl', lambda: gzip.decompress(web_fixture()[0])),  # the same, unzipped
-    ('pubmed', 'input.txt', lambda: TEXT.encode()),                         # a play as "pubmed"
-])
-def test_a_named_corpus_from_the_wrong_file_is_refused_in_one_line(tmp_path, name, fn, blob):
-    (tmp_path / fn).write_bytes(blob())
-    r = run('prepare_data.py', name, f'--input={tmp_path / fn}', f'--data_dir={tmp_path / "data"}')
-    assert one_line_error(r, f"is not the {name} corpus's file") and not (tmp_path / 'data').exists()
-    assert 'using it anyway' not in r.stdout
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# train.py
+# train.py. Its promises: G1, no run lost; G2, exact resume; G3, never silently wrong; G4, one clear line for a
+# plausible mistake. Each test names the one it holds.
 
 SMALL = ['--n_layer=2', '--batch_size=4', '--block_size=32', '--eval_iters=2', '--log_interval=1', '--sample_tokens=0']
 
@@ -1831,7 +1725,7 @@ def metrics(out_dir):
     return [json.loads(line) for line in open(os.path.join(out_dir, 'metrics.jsonl'))]
 
 
-def test_resume_continues_and_reproduces_the_uninterrupted_run(corpus, tmp_path):
+def test_G2_resume_continues_and_reproduces_the_uninterrupted_run(corpus, tmp_path):
     common = ['--max_iters=12', '--lr_decay_iters=12', '--warmup_iters=2', '--eval_interval=6', '--attn=coupled',
               '--dropout=0.1']
     a, b = tmp_path / 'a', tmp_path / 'b'
@@ -1854,7 +1748,8 @@ def test_resume_continues_and_reproduces_the_uninterrupted_run(corpus, tmp_path)
     assert not any(k.startswith('_orig_mod.') for k in ckpt['model'])
 
 
-def test_resume_and_eval_take_every_setting_from_the_checkpoint(corpus, tmp_path):
+
+def test_G3_resume_and_eval_take_every_setting_from_the_checkpoint(corpus, tmp_path):
     # a non-default shape, block_size and dataset; then resume and evaluate with no flags but where the run is
     other = tmp_path / 'data'
     src = tmp_path / 'play.txt'
@@ -1876,7 +1771,8 @@ def test_resume_and_eval_take_every_setting_from_the_checkpoint(corpus, tmp_path
     assert one_line_error(clash, '--block_size=64 here but 40 in the checkpoint')
 
 
-def test_full_split_evaluation_equals_an_independent_computation(corpus, tmp_path):
+
+def test_G3_every_validation_token_is_scored_once_as_an_independent_computation_does(corpus, tmp_path):
     r, ev = scripts(trains(corpus, tmp_path, '--max_iters=3', '--eval_interval=3', '--attn=coupled'),
                     ('train.py', f'--out_dir={tmp_path}', '--eval_only=True'))
     assert r.returncode == 0, r.stderr
@@ -1903,6 +1799,7 @@ def test_full_split_evaluation_equals_an_independent_computation(corpus, tmp_pat
     line = [x for x in ev.stdout.splitlines() if x.startswith('full val split')][0]
     assert float(re.search(r'loss ([\d.]+)', line).group(1)) == pytest.approx(nats / count, abs=1e-4)
     assert 'bits per byte' in line
+
 
 
 def test_training_lowers_validation_loss_and_logs_progress_the_coupling_and_attention(corpus, tmp_path):
@@ -1934,53 +1831,126 @@ def test_training_lowers_validation_loss_and_logs_progress_the_coupling_and_atte
     assert all(0 <= s[k] <= 1 for e in evals for s in e['attn'] for k in s)
 
 
+
+def test_G3_resume_eval_and_sample_refuse_a_checkpoint_of_another_model_or_corpus(tmp_path):
+    data, out = tmp_path / 'data', tmp_path / 'out'
+    for i, name in enumerate(('a.txt', 'b.txt', 'c.txt')):
+        (tmp_path / name).write_text(TEXT[i:] * 3)
+    fp = prepare_data.prepare(None, input=str(tmp_path / 'a.txt'), name='sx', data_dir=str(data))['fingerprint']
+    prepare_data.prepare(None, input=str(tmp_path / 'c.txt'), name='sy', data_dir=str(data))
+    assert train(data, out, '--dataset=sx', '--max_iters=2', '--eval_interval=2', '--attn=coupled').returncode == 0
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['fingerprint'] == fp == metrics(out)[0]['fingerprint']
+    before = (out / 'ckpt.pt').read_bytes(), (out / 'metrics.jsonl').read_text()
+    model, preset, seed, corpus, forced, changed = scripts(
+        trains(data, out, '--init_from=resume', '--attn=diff'),
+        ('train.py', f'--out_dir={out}', '--eval_only=True', '--preset=small'),
+        trains(data, out, '--init_from=resume', '--seed=2'),
+        ('train.py', f'--out_dir={out}', '--eval_only=True', '--dataset=sy'),
+        ('prepare_data.py', f'--input={tmp_path / "b.txt"}', '--name=sx', f'--data_dir={data}', '--force'),
+        trains(data, out, '--init_from=resume', '--max_iters=4'))
+    assert one_line_error(model, "holds a different run: --attn='diff' here but 'coupled' in the checkpoint; drop")
+    assert one_line_error(preset, "--preset=small here (n_layer=6, n_head=6, n_embd=384) but n_layer=2, n_head=4, "
+                                  "n_embd=128 in the checkpoint")
+    assert one_line_error(seed, '--seed=2 here but the run started with seed 1337')
+    assert forced.returncode == 0, forced.stderr
+    for r, name in ((corpus, 'sy'), (changed, 'sx')):  # another corpus named, or the run's corpus prepared again
+        assert one_line_error(r, f"was trained on other text than {data / name} holds (corpus fingerprint {fp[:12]}, "
+                                 "not "), r.stderr
+    assert ((out / 'ckpt.pt').read_bytes(), (out / 'metrics.jsonl').read_text()) == before  # G1: refused, untouched
+    if os.environ.get('TIKTOKEN_CACHE_DIR'):  # --sample with another tokenizer's corpus
+        prepare_data.prepare(None, input=str(tmp_path / 'c.txt'), name='sz', data_dir=str(data), tokenizer='gpt2')
+        r = run('train.py', f'--out_dir={out}', '--sample=x', '--dataset=sz')
+        assert one_line_error(r, f"reads 257 tokens, {data / 'sz'}'s tokenizer 50257; name the corpus it was trained")
+
+
+HOLD = """
+import os, time, model
+forward = model.GPT.forward
+def held(self, *a, **k):  # the first training step waits until the file GO exists (and says it waits)
+    if self.training and not os.path.exists(GO):
+        open(GO + '.waiting', 'w').close()
+        while not os.path.exists(GO):
+            time.sleep(0.02)
+    return forward(self, *a, **k)
+model.GPT.forward = held
+"""
+
+
+def test_G1_a_new_run_never_overwrites_a_checkpoint_and_one_trainer_owns_an_out_dir(corpus, tmp_path):
+    out, go = tmp_path / 'out', tmp_path / 'go'
+    first = start(*trains(corpus, out, '--max_iters=6', '--eval_interval=5', '--seed=1'),
+                  patch=HOLD.replace('GO', repr(str(go))))
+    wait_for(tmp_path / 'go.waiting')  # training: its out_dir is in use
+    try:
+        refused = scripts(*[trains(corpus, out, *args) for args in (['--seed=2'], ['--init_from=resume'])])
+        assert first.poll() is None  # held: the refusals came while it trained
+    finally:
+        go.touch()  # whatever happened, the held run goes on
+    for r in refused:  # G4: an out_dir in use
+        assert one_line_error(r, 'is in use by a running train.py') and f'pid {first.pid}' in r.stderr, r.stderr
+    out_, err = first.communicate(timeout=240)
+    assert first.returncode == 0, err[-2000:]
+    log = metrics(out)
+    assert [m['config']['seed'] for m in log if m['event'] == 'start'] == [1] and log[-1]['event'] == 'final'
+    # a finished run: a scratch run in its folder is refused, and its checkpoint stays
+    before = (out / 'ckpt.pt').read_bytes()
+    again = train(corpus, out, '--max_iters=6', '--seed=3')
+    assert one_line_error(again, 'holds a run; continue it with --init_from=resume, or train in another --out_dir')
+    assert (out / 'ckpt.pt').read_bytes() == before and metrics(out) == log
+    # its checkpoint deleted by hand, a new run in its folder: the earlier log is kept, not truncated
+    os.remove(out / 'ckpt.pt')
+    new = train(corpus, out, '--max_iters=1', '--seed=5')
+    assert new.returncode == 0 and f"kept as {out / 'metrics.jsonl.1'}" in new.stdout
+    assert [json.loads(line) for line in open(out / 'metrics.jsonl.1')] == log
+    assert metrics(out)[0]['config']['seed'] == 5
+    # started at the same moment on an empty folder: one trains, the other is refused and touches nothing
+    both = [start(*trains(corpus, tmp_path / 'new', '--max_iters=6', f'--seed={s}')) for s in (1, 2)]
+    ends = [(p.communicate(timeout=240)[1], p.returncode) for p in both]
+    assert sorted(code for err, code in ends) == [0, 2]
+    err = [err for err, code in ends if code == 2][0].strip()
+    assert err.startswith('error:') and ('is in use by a running train.py' in err or 'holds a run' in err), err
+    seeds = [m['config']['seed'] for m in metrics(tmp_path / 'new') if m['event'] == 'start']
+    assert len(seeds) == 1 and torch.load(tmp_path / 'new' / 'ckpt.pt', weights_only=True)['config']['seed'] == seeds[0]
+
+
 BAD_FLAGS = [
-    (['--attn=hamiltonian'], 'not one of'), (['--flux=3'], 'unknown flag --flux'),
-    (['--batch_size=four'], 'expects an integer'), (['--dropout=zero'], 'expects a number'),
-    (['--compile=maybe'], 'True or False'), (['--max_iters', '5'], '--key=value'), (['--n_head=3'], 'not divisible'),
-    (['--attn=diff', '--n_head=1', '--n_embd=64'], 'even'), (['--qk_steps=9'], '1..7'),
-    (['--block_size=10000000'], 'lower --block_size'), (['--dataset=nowhere'], 'prepare_data.py'),
-    (['--init_from=resume'], 'no checkpoint'), (['--eval_only=True'], 'no checkpoint'),
-    (['--device=cuda'], 'CUDA is not available'), (['--device=mps'], 'MPS is not available'),
-    (['--device=tpu'], 'unknown'), (['--out_dir='], 'empty'), (['--out_dir=FILE'], 'is not a folder'),
-    (['--out_dir=FILE/sub'], 'cannot write'), (['--out_dir=LINK'], 'is not a folder but a link to'),
-    # every number is checked for its meaning
-    (['--beta1=2'], '--beta1'), (['--beta2=-1'], '--beta2 must be >= 0'), (['--seed=99999999999999999999999'], '--seed'),
-    (['--lr_decay_iters=-5'], '--lr_decay_iters must be >= 0'), (['--time_budget=nan'], '--time_budget must be >= 0 and finite'),
-    (['--grad_clip=nan'], '--grad_clip must be >= 0 and finite'), (['--learning_rate=inf'], '> 0 and finite'),
-    (['--learning_rate=0'], '--learning_rate must be > 0'), (['--warmup_iters=-1'], '>= 0'),
-    # loops a run could never finish: bounded, per rank in sequences
-    (['--eval_iters=1000000000'], '4,000,000,000 sequences per rank for an estimate'),
-    (['--gradient_accumulation_steps=1000000'], 'sequences per rank for an iteration'),
-    (['--sample_tokens=100000000'], '--sample_tokens must be >= 0 and < 1,048,576'),
-    (['--max_iters=10000000000'], '--max_iters must be >= 0 and < 1,000,000,000'), (['--max_iters=True'], 'integer'),
-    (['--out_dir=MDIR'], 'metrics.jsonl is not a file'),  # a folder where the log goes
+    (['--attn=hamiltonian'], "--attn=hamiltonian is not one of 'standard', 'coupled'"),
+    (['--flux=3'], "'--flux=3' is not a flag; flags look like --key=value; see --help"),
+    (['--bacth_size=3'], "'--bacth_size=3' is not a flag; flags look like --key=value, e.g. --batch_size"),
+    (['--batch_size=four'], "--batch_size expects an integer, got 'four'"), (['--dropout=zero'], 'expects a number'),
+    (['--compile=maybe'], 'True or False'), (['--max_iters', '5'], 'flags look like --key=value'),
+    (['--n_head=3'], 'not divisible'), (['--attn=diff', '--n_head=1', '--n_embd=64'], 'even'),
+    (['--qk_steps=9'], '1..7'), (['--block_size=10000000'], 'lower --block_size'),
+    (['--dataset=nowhere'], 'not found; prepare the corpus first: python prepare_data.py --input=PATH --name=nowhere'),
+    (['--init_from=resume'], 'no checkpoint at'), (['--eval_only=True'], 'no checkpoint at'),
+    (['--device=cuda'], 'CUDA is not available here'), (['--device=mps'], 'MPS is not available here'),
+    (['--device=tpu'], '--device=tpu is unknown'),
 ]
 
 
 @pytest.fixture(scope='module')
 def bad_flag_runs(corpus, tmp_path_factory):
     d = tmp_path_factory.mktemp('bad_flags')
-    (d / 'FILE').write_text('a file where a folder should be')
-    os.symlink(d / 'nowhere', d / 'LINK')  # a link to nothing
-    os.makedirs(d / 'MDIR' / 'metrics.jsonl')
-    calls = [('train.py', f'--data_dir={corpus}', *SMALL, *([] if any('out_dir' in a for a in args) else
-                                                            [f'--out_dir={d / "out"}']),
-              *[a.replace('FILE', str(d / 'FILE')).replace('LINK', str(d / 'LINK')).replace('MDIR', str(d / 'MDIR'))
-                for a in args])
-             for args, words in BAD_FLAGS]
-    *rs, help = scripts(*calls, ('train.py', '--help'))
+    calls = [('train.py', f'--data_dir={corpus}', *SMALL, f'--out_dir={d / str(i)}', *args)
+             for i, (args, words) in enumerate(BAD_FLAGS)]
+    *rs, help = side_by_side(*calls, ('train.py', '--help'))
     return dict(zip([tuple(args) for args, words in BAD_FLAGS], rs)), d, help
 
 
 @pytest.mark.parametrize('args, words', BAD_FLAGS)
-def test_bad_flags_give_one_clear_line(bad_flag_runs, args, words):
+def test_G4_bad_flags_give_one_clear_line(bad_flag_runs, args, words):
     if ('--device=cuda' in args and torch.cuda.is_available()) or ('--device=mps' in args and
                                                                      torch.backends.mps.is_available()):
         pytest.skip('that device is available here')
     r = bad_flag_runs[0][tuple(args)]
     assert one_line_error(r, words) and r.stderr.startswith('error:'), r.stderr
-    assert not (bad_flag_runs[1] / 'out' / 'ckpt.pt').exists()
+    assert not glob.glob(str(bad_flag_runs[1] / '*' / 'ckpt.pt'))
+
+
+def test_G4_under_torchrun_a_mistake_is_one_line_from_rank_0(corpus, tmp_path):
+    r = run('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu',
+            f'--data_dir={corpus}', '--bacth_size=3')
+    assert r.returncode != 0 and r.stderr.count("error: '--bacth_size=3' is not a flag") == 1, r.stderr[-3000:]
 
 
 def test_help_lists_the_flags(bad_flag_runs):
@@ -2004,141 +1974,182 @@ def test_values_written_in_train_py_are_used_unless_a_flag_or_preset_says_otherw
     assert torch.load(tmp_path / 'b' / 'ckpt.pt', weights_only=True)['model_args']['n_layer'] == 4
 
 
-def test_bad_data_and_checkpoints_are_refused_clearly_and_a_run_is_never_overwritten(corpus, tmp_path):
-    meta = json.load(open(os.path.join(corpus, 'pydocs', 'meta.json')))
-    bad = {  # a data folder each: what is wrong with it, and the words its one-line refusal must hold
-        'truncated': ({}, lambda d: open(d / 'train.bin', 'r+b').truncate(1001), 'truncated or corrupt'),
-        'tokens_wrong_type': (dict(tokens='many'), None, 'meta.json is corrupt'),
-        'no_counts': (dict(tokens={}), None, 'meta.json is corrupt'),
-        'bytes_not_a_number': (dict(bytes=dict(train='lots', val=1)), None, 'meta.json is corrupt'),
-        'huge_vocab': (dict(vocab_size=10 ** 9), None, 'meta.json is corrupt'),
-        'int32': (dict(dtype='int32'), None, 'meta.json is corrupt'),
-        'int32_bin': ({}, lambda d: (d / 'val.bin').write_bytes(read_bin(d / 'val.bin').astype(np.int32).tobytes()),
-                      'truncated or corrupt'),
-        'val_is_a_folder': ({}, lambda d: (os.remove(d / 'val.bin'), os.mkdir(d / 'val.bin')), 'not a file'),
-        'small_vocab': (dict(vocab_size=200), None, '--force'),  # bytes >= 200 in the data
-        'gpt2_on_bytes': (dict(tokenizer='gpt2'), None, 'meta.json is corrupt'),  # not the tokenizer's vocabulary
-        'bytes_val_1': (dict(bytes=dict(meta['bytes'], val=1)), None,  # bits per byte would read 28,780
-                        f"lists 1 bytes of text for val, but its {meta['bytes']['val']:,} tokens of text"),
-    }
-    for name, (change, damage, words) in bad.items():
-        d = tmp_path / name / 'pydocs'
-        os.makedirs(d)
-        for f in ('train.bin', 'val.bin'):
-            (d / f).write_bytes(open(os.path.join(corpus, 'pydocs', f), 'rb').read())
-        (d / 'meta.json').write_text(json.dumps(meta | change))
-        if damage:
-            damage(d)
+# ---------------------------------------------------------------------------------------------------------------
+# G1: Ctrl-C or SIGTERM, at any moment: one line, exit code 130 (143), a checkpoint being written finished first
+
+def wait_for(path, timeout=120):
+    deadline = time.time() + timeout
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(path), f"{path} never appeared"
+
+
+def stopped_cleanly(p, timeout=60, code=130):
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == code, (p.returncode, out[-1000:], err[-2000:])
+    assert 'Traceback' not in out + err and 'KeyboardInterrupt' not in out + err, err[-2000:]
+    return out.strip().splitlines()[-1], err
+
+
+@pytest.mark.parametrize('moment', ['import torch', 'setup', 'first eval'])
+def test_G1_ctrl_c_during_start_up_stops_with_one_line(corpus, tmp_path, moment):
+    # (before train.py's first line runs, the interpreter's own start-up is Python's: no script can reach it)
+    if moment == 'import torch' and not os.path.exists('/proc/self/maps'):
+        pytest.skip('needs /proc to see the import happen')
+    p = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={tmp_path}', *SMALL],
+                         cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1'))
+    if moment == 'import torch':  # torch's library is being loaded: the handler is in, torch is not yet
+        deadline = time.time() + 60
+        while 'libtorch' not in open(f'/proc/{p.pid}/maps').read() and time.time() < deadline:
+            time.sleep(0.005)
+    else:
+        for line in p.stdout:
+            if line.startswith('parameters:' if moment == 'setup' else 'step 0:'):
+                break
+    p.send_signal(signal.SIGINT)
+    last, err = stopped_cleanly(p)
+    assert last.startswith('interrupted') and err.strip() == ''
+
+
+def test_G1_train_py_installs_its_ctrl_c_handler_before_its_first_slow_import():
+    # a Ctrl-C 30 ms after the start lands in the imports: only a few fast ones of the standard library come first
+    for node in ast.parse(open(os.path.join(HERE, 'train.py')).read()).body:
+        if 'signal.signal(signal.SIGINT' in ast.unparse(node):
+            break
+        names = {a.name for a in node.names} if isinstance(node, (ast.Import, ast.ImportFrom)) else set()
+        assert names <= {'os', 'shlex', 'signal', 'sys', 'nullcontext', 'suppress'}, f"train.py imports {names} first"
+    else:
+        raise AssertionError("train.py installs no Ctrl-C handler")
+
+
+def test_G1_ctrl_c_stops_a_trainer_that_inherited_sigint_ignored(corpus, tmp_path):
+    # a background job of a non-interactive shell (sh -c 'python train.py & wait') starts with SIGINT ignored
+    p = start(*trains(corpus, tmp_path, '--max_iters=100000', '--eval_interval=5'), sigint_ignored=True)
+    wait_for(tmp_path / 'ckpt.pt')
+    p.send_signal(signal.SIGINT)
+    last, _ = stopped_cleanly(p)
+    assert last.startswith('interrupted at iteration') and '--init_from=resume' in last
+
+
+def test_G1_sigterm_stops_a_run_with_one_line_that_names_its_resume(corpus, tmp_path):
+    # kill, a job scheduler's time limit, docker stop: SIGTERM, as Ctrl-C (one line), exit 143 = 128 + 15
+    p = start(*trains(corpus, tmp_path, '--max_iters=100000', '--eval_interval=5'))
+    wait_for(tmp_path / 'ckpt.pt')
+    p.send_signal(signal.SIGTERM)
+    last, _ = stopped_cleanly(p, code=143)
+    assert last.startswith('terminated at iteration') and '--init_from=resume' in last
+
+
+SLOW_SAVE = """
+import os, pathlib, signal, time, torch
+save, replace, calls = torch.save, os.replace, [0]
+def slow_save(*a, **k):
+    calls[0] += 1
+    if calls[0] == 2:  # the second checkpoint (iteration 10) takes a while
+        pathlib.Path(FLAG).touch()
+        time.sleep(2.5)
+    return save(*a, **k)
+def replace_then_ctrl_c(src, dst):  # RENAME: a second Ctrl-C right as the new checkpoint takes the old one's place
+    replace(src, dst)
+    if RENAME and calls[0] == 2:
+        os.kill(os.getpid(), signal.SIGINT)
+torch.save, os.replace = slow_save, replace_then_ctrl_c
+"""
+
+
+@pytest.mark.parametrize('presses', ['1', '2', '2, the second at the rename'])
+def test_G1_ctrl_c_during_a_checkpoint_write_waits_for_it(corpus, tmp_path, presses):
+    # once: the checkpoint is finished first, then the run stops; twice: it stops at once, the previous one intact;
+    # the second at the rename: the message names the checkpoint on disk
+    flag = tmp_path / 'saving'
+    patch = SLOW_SAVE.replace('FLAG', repr(str(flag))).replace('RENAME', str('rename' in presses))
+    p = patched_train(corpus, tmp_path / 'out', patch, '--max_iters=100000', '--eval_interval=5', popen=True)
+    wait_for(flag)
+    t0 = time.time()
+    for _ in range(1 if presses == '1' or 'rename' in presses else 2):
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+    last, _ = stopped_cleanly(p)
+    ckpt = torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=True)
+    if presses == '1':
+        assert ckpt['iter_num'] == 10 and last.startswith('interrupted at iteration 10;') and 'iteration 10:' in last
+    elif presses == '2':
+        assert time.time() - t0 < 2 and ckpt['iter_num'] == 5 and 'last checkpoint is at iteration 5:' in last
+    else:
+        assert ckpt['iter_num'] == 10 and 'last checkpoint is at iteration 10:' in last, last
+    assert train(corpus, tmp_path / 'out', '--init_from=resume', '--max_iters=12').returncode == 0
+
+
+SLOW_EVAL = """
+import numpy, pathlib, time
+fromfile = numpy.fromfile
+def slow_fromfile(*a, **k):  # only the full-split evaluation reads a split whole
+    pathlib.Path(FLAG).touch()
+    time.sleep(4)
+    return fromfile(*a, **k)
+numpy.fromfile = slow_fromfile
+"""
+
+
+@pytest.mark.parametrize('when', ['final evaluation', 'eval_only', 'sample'])
+def test_G1_ctrl_c_during_an_evaluation_or_a_sample(corpus, tmp_path, when):
     out = tmp_path / 'out'
-    rs = side_by_side(*[('train.py', f'--data_dir={tmp_path / name}', f'--out_dir={tmp_path / "o" / name}',
-                         '--max_iters=1') for name in bad])
-    rs += scripts(trains(corpus, out, '--max_iters=2', '--eval_interval=1', '--attn=coupled'),
-                  trains(corpus, out, '--max_iters=2'),  # a scratch run in a run's folder
-                  trains(corpus, out, '--init_from=resume', '--attn=diff'))  # a checkpoint of another architecture
-    for (name, (change, damage, words)), r in zip(bad.items(), rs):
-        assert one_line_error(r, words), (name, r.stderr)
-        assert not (tmp_path / 'o' / name / 'ckpt.pt').exists()  # refused before training
-    trained, scratch, other = rs[len(bad):]
-    assert trained.returncode == 0, trained.stderr
-    assert one_line_error(scratch, '--init_from=resume') and one_line_error(other, "--attn='diff' here but 'coupled'")
-    ckpt = torch.load(out / 'ckpt.pt', weights_only=True)  # the refused runs touched neither it nor the log
-    assert ckpt['iter_num'] == 2 and ckpt['config']['attn'] == 'coupled'
-    assert [m['event'] for m in metrics(out)].count('start') == 1 and metrics(out)[-1]['event'] == 'final'
-    broken = {  # a checkpoint each, broken one way
-        'no_optimizer': {k: v for k, v in ckpt.items() if k != 'optimizer'},
-        'iter_num': ckpt | dict(iter_num='forty'), 'best_val_loss': ckpt | dict(best_val_loss='low'),
-        'learning_rate': ckpt | dict(config=ckpt['config'] | dict(learning_rate='fast')),
-        'n_head': ckpt | dict(model_args=ckpt['model_args'] | dict(n_head='four')),
-        'rng': ckpt | dict(rng=[dict(ckpt['rng'][0], torch=torch.zeros(3, dtype=torch.uint8))]),
-        'names': ckpt | dict(model={k.replace('.f.W', '.f.c_fc'): v for k, v in ckpt['model'].items()}),
-        'garbage': b'not a checkpoint',
-        'iter_num_negative': ckpt | dict(iter_num=-5), 'best_val_loss_nan': ckpt | dict(best_val_loss=math.nan),
-        'dtype_bogus': ckpt | dict(config=ckpt['config'] | dict(dtype='bogus')),
-        'one_rank_of_two': ckpt | dict(world_size=2),  # a 2-rank run's checkpoint with one rank's random state
-        'fingerprint_int': ckpt | dict(fingerprint=123), 'iter_num_past': ckpt | dict(iter_num=10 ** 6),
-        'max_iters_bool': ckpt | dict(config=ckpt['config'] | dict(max_iters=True)),
-        # the same shapes: only what was saved with the weights tells (coupled and euler share every parameter)
-        'relabelled': ckpt | dict(config=ckpt['config'] | dict(attn='euler'),
-                                  model_args=ckpt['model_args'] | dict(attn='euler')),
-        'qk_steps': ckpt | dict(config=ckpt['config'] | dict(qk_steps=3),
-                                model_args=ckpt['model_args'] | dict(qk_steps=3)),
-    }
-    for name, c in broken.items():
-        os.makedirs(tmp_path / 'ck' / name)
-        if isinstance(c, bytes):
-            (tmp_path / 'ck' / name / 'ckpt.pt').write_bytes(c)
-        else:
-            torch.save(c, tmp_path / 'ck' / name / 'ckpt.pt')
-    rs = side_by_side(*[trains(corpus, tmp_path / 'ck' / name, '--init_from=resume', '--max_iters=4')
-                        for name in broken])
-    for name, r in zip(broken, rs):
-        words = {'names': 'another version of model.py', 'iter_num_negative': 'is corrupt: iter_num=-5',
-                 'best_val_loss_nan': 'is corrupt: best_val_loss=nan', 'dtype_bogus': "dtype='bogus' is not one of",
-                 'one_rank_of_two': 'lacks a random state per rank', 'fingerprint_int': 'is corrupt: fingerprint=123',
-                 'iter_num_past': 'iter_num=1000000 is past its max_iters=2', 'max_iters_bool': 'max_iters=True',
-                 'relabelled': "model_args (attn='euler', qk_steps=1) are not those its weights were saved with",
-                 'qk_steps': "qk_steps=3) are not those"}.get(name, 'ckpt.pt')
-        assert one_line_error(r, words), (name, r.stderr)
-    os.makedirs(tmp_path / 'ck' / 'eval_iters')
-    torch.save(ckpt | dict(config=ckpt['config'] | dict(eval_iters=10 ** 9)), tmp_path / 'ck' / 'eval_iters' / 'ckpt.pt')
-    evaluated, huge, short = scripts(
-        trains(corpus, tmp_path / 'ck' / 'fingerprint_int', '--eval_only=True'),
-        ('train.py', f'--data_dir={corpus}', f'--out_dir={tmp_path / "ck" / "eval_iters"}', '--init_from=resume'),
-        trains(corpus, out, '--init_from=resume', '--max_iters=1'))
-    assert one_line_error(evaluated, 'is corrupt: fingerprint=123')
-    assert one_line_error(huge, "4,000,000,000 sequences per rank for an estimate, a run that would not finish; at "
-                                "most 1,048,576: lower --eval_iters (the checkpoint's value)")
-    assert one_line_error(short, '--max_iters=1 is below the checkpoint\'s iteration 2')
+    if when != 'final evaluation':
+        assert train(corpus, out, '--max_iters=2').returncode == 0
+    flag = tmp_path / 'evaluating'
+    patch = SLOW_EVAL.replace('FLAG', repr(str(flag)))
+    if when == 'sample':
+        patch = patch.replace('numpy.fromfile = slow_fromfile', 'import model\nmodel.GPT.generate = '
+                              'lambda *a, **k: (pathlib.Path(FLAG).touch(), time.sleep(4))'.replace('FLAG', repr(str(flag))))
+    extra = {'final evaluation': ['--max_iters=4', '--eval_interval=2'], 'eval_only': ['--eval_only=True'],
+             'sample': ['--sample=The ']}[when]
+    p = patched_train(corpus, out, patch, *extra, popen=True)
+    wait_for(flag)
+    p.send_signal(signal.SIGINT)
+    last, _ = stopped_cleanly(p)
+    if when == 'final evaluation':
+        assert last == (f"interrupted at iteration 4; the last checkpoint is at iteration 4: "
+                        f"{out / 'ckpt.pt'}. Continue with: python train.py --init_from=resume --out_dir={out}")
+        r = train(corpus, out, '--init_from=resume')  # which finishes the evaluation and logs the final record
+        assert r.returncode == 0 and metrics(out)[-1]['event'] == 'final'
+    else:
+        assert last == 'interrupted; nothing was saved'
 
 
-def test_a_run_names_its_corpus_and_another_text_under_that_name_is_refused(tmp_path):
-    data, out = tmp_path / 'data', tmp_path / 'out'
-    for i, name in enumerate(('a.txt', 'b.txt')):
-        (tmp_path / name).write_text(TEXT[i:] * 3)
-    fp = prepare_data.prepare(None, input=str(tmp_path / 'a.txt'), name='sx', data_dir=str(data))['fingerprint']
-    trained, again, forced, evaluated, resumed = scripts(
-        trains(data, out, '--dataset=sx', '--max_iters=2', '--eval_interval=2'),
-        ('prepare_data.py', f'--input={tmp_path / "b.txt"}', '--name=sx', f'--data_dir={data}'),
-        ('prepare_data.py', f'--input={tmp_path / "b.txt"}', '--name=sx', f'--data_dir={data}', '--force'),
-        trains(data, out, '--eval_only=True'), trains(data, out, '--init_from=resume', '--max_iters=4'))
-    assert trained.returncode == 0 and forced.returncode == 0, trained.stderr + forced.stderr
-    assert torch.load(out / 'ckpt.pt', weights_only=True)['fingerprint'] == fp == metrics(out)[0]['fingerprint']
-    assert one_line_error(again, "prepared from other input (the source and the input's content differ); --force")
-    for r in (evaluated, resumed):
-        assert one_line_error(r, f"as it was then (corpus fingerprint {fp[:12]}), and that folder now holds other")
-    (tmp_path / 'c.txt').write_text(TEXT * 2)  # another corpus beside it: the refusal names the run's, not that one
-    prepare_data.prepare(None, input=str(tmp_path / 'c.txt'), name='sy', data_dir=str(data))
-    r = run(*trains(data, out, '--eval_only=True', '--dataset=sy'))
-    assert one_line_error(r, f"was trained on {data / 'sx'} (corpus fingerprint {fp[:12]}), not on {data / 'sy'}")
-    assert [m['event'] for m in metrics(out)].count('start') == 1
-    # the same file, changed: needs --force too; token files changed after preparation: the loader says so
-    (tmp_path / 'b.txt').write_text(TEXT * 4)
-    with pytest.raises(prepare_data.DataError, match=r"\(the input's content differs\); --force"):
-        prepare_data.prepare(None, input=str(tmp_path / 'b.txt'), name='sx', data_dir=str(data))
-    tokens = read_bin(data / 'sx' / 'val.bin')
-    tokens[:2] = tokens[1::-1] + (tokens[0] == tokens[1])  # same size, same vocabulary, other text
-    tokens.tofile(data / 'sx' / 'val.bin')
-    with pytest.raises(prepare_data.DataError, match='fingerprint differs.*--force'):
-        prepare_data.load(str(data), 'sx', 32)
+def test_G1_ctrl_c_says_where_to_resume(corpus, tmp_path):
+    out = tmp_path / 'a run'  # a space: the hint quotes it, so it can be pasted
+    p = start(*trains(corpus, out, '--max_iters=100000', '--eval_interval=5'))
+    wait_for(out / 'ckpt.pt')
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    last, _ = stopped_cleanly(p)
+    assert last.startswith('interrupted at iteration') and '--init_from=resume' in last
+    command = last.split('Continue with: ')[1]
+    assert shlex.split(command)[-1] == f'--out_dir={out}'  # pasted into a shell, it names the folder
+    at = torch.load(out / 'ckpt.pt', weights_only=True)['iter_num']  # (a loaded machine gets further than 5)
+    r = run(*shlex.split(command)[1:], f'--max_iters={at + 1}')
+    assert r.returncode == 0, r.stderr
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# train.py: best-only checkpoints, the test split, DDP on two CPU ranks, compile
 
 def test_a_best_only_checkpoint_says_what_it_holds_and_the_final_evaluation_scores_it(corpus, tmp_path):
     out = tmp_path / 'out'
     assert train(corpus, out, '--max_iters=2', '--eval_interval=2').returncode == 0
     ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
     torch.save(ckpt | dict(best_val_loss=1e-3), out / 'ckpt.pt')  # a best estimate that no later one beats
-    extended, evaluated, seeded = scripts(
+    extended, evaluated = scripts(
         trains(corpus, out, '--init_from=resume', '--max_iters=4', '--eval_interval=1',
-               '--always_save_checkpoint=False'),
-        trains(corpus, out, '--eval_only=True'), trains(corpus, out, '--init_from=resume', '--seed=2'))
+               '--always_save_checkpoint=False'), trains(corpus, out, '--eval_only=True'))
     assert extended.returncode == 0, extended.stderr
     assert f"checkpoint {out / 'ckpt.pt'} at iteration 2 (val loss {ckpt['val_loss']:.4f}, the best" in extended.stdout
     final = metrics(out)[-1]
     assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 2
     assert (final['iter'], final['model_iter'], final['model_tokens']) == (4, 2, ckpt['tokens'])
     assert f"ppl {final['val_ppl']:.3f}" in evaluated.stdout  # --eval_only scores the model the final record scored
-    assert "holds the model of iteration 2 of 4, the run's best estimate" in evaluated.stdout  # and says so
-    assert one_line_error(seeded, '--seed=2 here but the run started with seed 1337')
+    assert "ckpt.pt holds the model of iteration 2\n" in evaluated.stdout  # and says which
 
 
 def test_non_finite_and_diverging_runs_stop_without_a_traceback(corpus, tmp_path):
@@ -2159,21 +2170,6 @@ def test_time_budget_stops_the_run_and_counts_across_a_resume(corpus, tmp_path):
     assert 2 <= last['time'] < 10 and last['iter'] < 100000
     assert [m['iter'] for m in metrics(tmp_path) if m['event'] == 'train'][-1] == last['iter']
     assert [m for m in metrics(tmp_path) if m['event'] == 'final'][-1]['time'] == pytest.approx(last['time'])
-
-
-def test_ctrl_c_says_where_to_resume(corpus, tmp_path):
-    out = tmp_path / 'a run'  # a space: the hint quotes it, so it can be pasted
-    p = start(*trains(corpus, out, '--max_iters=100000', '--eval_interval=5'))
-    wait_for(out / 'ckpt.pt')
-    time.sleep(0.5)
-    p.send_signal(signal.SIGINT)
-    last, _ = stopped_cleanly(p)
-    assert last.startswith('interrupted at iteration') and '--init_from=resume' in last
-    command = last.split('Continue with: ')[1]
-    assert shlex.split(command)[-1] == f'--out_dir={out}'  # pasted into a shell, it names the folder
-    at = torch.load(out / 'ckpt.pt', weights_only=True)['iter_num']  # (a loaded machine gets further than 5)
-    r = run(*shlex.split(command)[1:], f'--max_iters={at + 1}')
-    assert r.returncode == 0, r.stderr
 
 
 def test_test_split_is_evaluated_at_the_end(corpus, tmp_path):
@@ -2270,7 +2266,7 @@ def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(ddp_runs):
     d, (r, compiled) = ddp_runs
     tmp_path = d / 'eager'
     assert r.returncode == 0, r.stderr[-2000:]
-    assert 'torch.compile failed on rank 1' in r.stdout and 'on rank 0' not in r.stdout and 'eager, 2' in r.stdout
+    assert r.stdout.count('warning: torch.compile failed') == 1 and 'eager, 2' in r.stdout
     assert [m['compiled'] for m in metrics(tmp_path) if m['event'] == 'start'] == [False]
     assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['iter_num'] == 6  # rank 0's val loss improved
     ranks = [json.load(open(tmp_path / f'rank{i}.json')) for i in range(2)]
@@ -2288,21 +2284,9 @@ def test_ddp_two_cpu_ranks_see_different_batches_and_end_identical(ddp_runs):
     assert full(r.stdout) == full(ranked.stdout) == pytest.approx(full(single.stdout), abs=2e-4)  # shared windows
     # resumed as one process: the tokens count what was trained, 6 x 2 ranks, then 2 x 1
     assert resumed.returncode == 0, resumed.stderr
-    assert 'note: the checkpoint was trained by 2 process(es), this run has 1: the batches continue in a new order' \
+    assert 'note: the checkpoint was trained by 2 process(es), this run has 1: its batches are drawn anew' \
         in resumed.stdout  # said, not silent
     assert [m for m in metrics(tmp_path) if m['event'] == 'final'][-1]['tokens'] == (6 * 2 + 2) * 4 * 32
-
-
-def test_ddp_ranks_stop_together_when_torchrun_is_killed(corpus, tmp_path):
-    # SIGKILL to the launcher alone: its ranks, reparented, see it gone at their next log step and stop with one line
-    p = start('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', '--device=cpu',
-              f'--out_dir={tmp_path}', f'--data_dir={corpus}', *SMALL, '--max_iters=100000', '--eval_interval=5')
-    wait_for(tmp_path / 'ckpt.pt')
-    p.kill()
-    out, err = p.communicate(timeout=120)  # returns once the ranks, which hold its pipes too, have exited
-    assert err.count('torchrun, the launcher, is gone (killed?); all ranks stop at iteration') == 1, err[-2000:]
-    assert 'Traceback' not in err and '--init_from=resume' in err
-    assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['iter_num'] >= 5  # the last checkpoint stays
 
 
 def test_ddp_compiles_inside_ddp_split_at_its_buckets_and_trains_as_eager(ddp_runs):
@@ -2318,45 +2302,6 @@ def test_ddp_compiles_inside_ddp_split_at_its_buckets_and_trains_as_eager(ddp_ru
     assert ranks[0]['weights'] == ranks[1]['weights']
     want = json.load(open(d / 'eager' / 'rank0.json'))['weights']
     assert ranks[0]['weights'] == pytest.approx(want, rel=1e-5, abs=1e-6)
-
-
-# torch 2.5-2.8's torch.backends.cuda.matmul (a cuBLASModule): its flags, and an AttributeError for any other name
-# (fp32_precision came in 2.9); at the end, the precision as the current torch reads it, both ways, and its warnings
-TORCH_2_8_MATMUL = """
-import atexit, json, torch, warnings
-real = torch.backends.cuda.matmul
-class cuBLASModule:
-    FLAGS = ('allow_tf32', 'allow_fp16_reduced_precision_reduction', 'allow_bf16_reduced_precision_reduction')
-    def __getattr__(self, name):
-        if name in self.FLAGS:
-            return getattr(real, name)
-        raise AttributeError('Unknown attribute ' + name)
-    def __setattr__(self, name, value):
-        if name in self.FLAGS:
-            return setattr(real, name, value)
-        raise AttributeError('Unknown attribute ' + name)
-torch.backends.cuda.matmul = cuBLASModule()
-def reads():
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter('always')
-        got = [torch.get_float32_matmul_precision(), real.allow_tf32]
-    json.dump(got + [[str(w.message) for w in said]], open(READS, 'w'))
-atexit.register(reads)
-"""
-
-
-def test_train_and_bench_start_on_torch_2_8s_matmul_flags_and_set_tf32_both_ways(corpus, tmp_path):
-    # one TF32 call for every torch: torch.set_float32_matmul_precision('high') sets the legacy allow_tf32 and the
-    # new fp32_precision alike; `matmul.fp32_precision = 'tf32'` crashed 2.5-2.8 at start
-    patch = lambda name: TORCH_2_8_MATMUL.replace('READS', repr(str(tmp_path / name)))
-    old = run('-c', patch('old.json') + "torch.backends.cuda.matmul.fp32_precision = 'tf32'")
-    assert old.returncode == 1 and 'AttributeError: Unknown attribute fp32_precision' in old.stderr  # the stand-in
-    r = train(corpus, tmp_path / 'out', '--max_iters=1', '--eval_interval=1', patch=patch('train.json'))
-    b = run('bench.py', '--device=cpu', '--preset=tiny', '--attn=standard', '--mode=forward', '--batch_size=2',
-            '--block_size=16', '--vocab_size=64', '--iters=1', '--warmup=0', patch=patch('bench.json'))
-    for p, name in ((r, 'train'), (b, 'bench')):
-        assert p.returncode == 0, p.stderr[-2000:]
-        assert json.load(open(tmp_path / f'{name}.json')) == ['high', True, []], name  # a fresh torch: 'highest', False
 
 
 def test_ddp_estimates_are_the_one_process_estimates_of_the_same_set(ddp_runs, tmp_path):
@@ -2463,23 +2408,6 @@ def test_estimate_loss_is_one_process_s_batch_means_exactly_and_its_ranks_shares
             assert not shares[0].any() and shares[-1].count_nonzero().item() == 1
 
 
-def test_the_eval_loops_make_no_host_sync_or_blocking_copy_per_batch():
-    # estimate_loss and full_eval: inside their loops over batches, no .item()/.tolist()/.cpu(), no tensor built
-    # from a host number, no all-reduce, no .to() but the non-blocking to_device (pinned on CUDA)
-    tree = ast.parse(open(os.path.join(HERE, 'train.py')).read())
-    for name in ('estimate_loss', 'full_eval'):
-        fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
-        inner = [n for n in ast.walk(fn) if isinstance(n, ast.For)  # the loops over batches: the innermost
-                 and not any(isinstance(m, ast.For) for s in n.body for m in ast.walk(s))]
-        assert inner, name
-        called = {c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, 'id', '')
-                  for loop in inner for c in ast.walk(loop) if isinstance(c, ast.Call)}
-        assert not called & {'item', 'tolist', 'cpu', 'numpy', 'tensor', 'to', 'all_reduce'}, (name, called)
-        assert 'to_device' in called or 'get_batch' in called, (name, called)
-    to_device = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == 'to_device')
-    assert "pin_memory().to(device, non_blocking=True)" in ast.unparse(to_device)
-
-
 def test_the_loop_syncs_with_the_device_only_at_log_steps_and_evals(corpus, tmp_path):
     # every .item()/.cpu()/bool(tensor)... that train.py makes, with the iteration it was made at: between log steps
     # (every 10) and evals (every 15) there must be none, so a GPU never waits for the host
@@ -2538,10 +2466,10 @@ def test_a_nan_between_checkpoints_stops_the_run_and_the_last_good_checkpoint_re
     assert ckpt['iter_num'] == 40 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
     log = metrics(d / run)
     assert math.isfinite([m for m in log if m['event'] == 'final'][-1]['val_loss'])
-    assert [m['iter'] for m in log if m['event'] == 'diverged'] == [at + 1]  # logged, for bench.py --report
+    assert [m['iter'] for m in log if m['event'] == 'diverged'] == [at + 1]  # logged, for results/report.py
 
 
-def test_report_counts_a_diverged_run_until_a_resume_trains_past_it(nan_runs, capsys, monkeypatch):
+def test_G3_the_report_counts_a_diverged_run_failed_until_a_resume_trains_past_it(nan_runs, capsys):
     d, rs = nan_runs
     first = [m for m in metrics(d / 'a') if m['event'] in ('diverged', 'final')][0]
     assert first['event'] == 'diverged'  # the log as it stood when the run stopped: a diverged run
@@ -2549,22 +2477,21 @@ def test_report_counts_a_diverged_run_until_a_resume_trains_past_it(nan_runs, ca
     cut = next(i for i, line in enumerate(lines) if '"diverged"' in line) + 1
     os.makedirs(d / 'stopped' / 'a-s1')
     (d / 'stopped' / 'a-s1' / 'metrics.jsonl').write_text('\n'.join(lines[:cut]) + '\n')
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={d / "stopped"}')
-    assert code == 0 and report_rows(out)['a'][2:4] == ['1', 'inf (1 of 1 diverged)'], (out, err)
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={d / "a"}')  # resumed from 10, it finished
+    code, out, err = tabulate(capsys, d / 'stopped')
+    assert code == 0 and report_rows(out)['a'][2:4] == ['1', 'inf (1 of 1 failed)'], (out, err)
+    code, out, err = tabulate(capsys, d / 'a')  # resumed from 10, it finished
     final = [m for m in metrics(d / 'a') if m['event'] == 'final'][0]['val_ppl']
     assert code == 0 and report_rows(out)['a'][2:4] == ['1', f"{final:.3f}"], (out, err)
 
 
-def test_a_finished_run_resumed_to_train_longer_keeps_its_result_when_the_extension_stops(nan_runs, capsys,
-                                                                                          monkeypatch):
+def test_a_finished_run_resumed_to_train_longer_keeps_its_result_when_the_extension_stops(nan_runs, capsys):
     d, rs = nan_runs
     first, extension = rs[4:]
     assert first.returncode == 0 and extension.returncode == 3, extension.stderr
     assert one_line_error(extension, 'the last checkpoint is at iteration 6:')  # saved at 6 (eval), NaN at 6
     finals = [m for m in metrics(d / 'finished') if m['event'] == 'final']
     assert len(finals) == 1 and finals[0]['iter'] == 4  # the log is appended to, never rewritten
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={d / "finished"}')
+    code, out, err = tabulate(capsys, d / 'finished')
     assert code == 0 and f"| {finals[0]['val_ppl']:.3f} |" in out, (out, err)  # the report shows that result
 
 
@@ -2578,29 +2505,7 @@ def test_mfu_is_in_the_log_line_where_the_peak_is_known(nan_runs):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# a GPU's facts, checked on a CPU: peaks by the driver's names, dtype=auto, diff's SDPA calls, compiled graphs, bf16
-
-# (the name torch.cuda.get_device_name and nvidia-smi report, dense bf16 TFLOP/s); the sources: model.GPU_PEAK_FLOPS
-DRIVER_NAMES = [('NVIDIA L4', 121), ('NVIDIA L40', 181), ('NVIDIA L40S', 362), ('NVIDIA A10', 125),
-                ('NVIDIA A100-SXM4-40GB', 312), ('NVIDIA A100-SXM4-80GB', 312), ('NVIDIA A100-PCIE-40GB', 312),
-                ('NVIDIA A100 80GB PCIe', 312), ('NVIDIA H100 PCIe', 756), ('NVIDIA H100 80GB HBM3', 989),
-                ('NVIDIA H100 NVL', 835), ('NVIDIA H200', 989), ('NVIDIA H200 NVL', 835), ('NVIDIA H800', 989),
-                ('NVIDIA B200', 2250), ('NVIDIA GeForce RTX 4090', 165), ('NVIDIA GeForce RTX 3090', 71),
-                ('Tesla T4', None), ('NVIDIA A10G', None), ('NVIDIA L4 ', None)]  # not listed: no guess
-
-
-def test_gpu_peaks_by_the_exact_name_the_driver_reports(monkeypatch):
-    for name, tflops in DRIVER_NAMES:
-        monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: name)
-        assert M.peak_flops('cuda:0') == (tflops and tflops * 1e12), name
-    assert M.peak_flops('cpu') is None
-    monkeypatch.setenv('GPU_PEAK_TFLOPS', '400')  # a GPU not in the table: its peak, given
-    assert M.peak_flops('cuda:0') == 400e12
-    for bad in ('fast', '0', '-1', 'inf', 'nan'):
-        monkeypatch.setenv('GPU_PEAK_TFLOPS', bad)
-        with pytest.raises(ValueError, match='GPU_PEAK_TFLOPS'):
-            M.peak_flops('cuda:0')
-
+# a GPU's facts, checked on a CPU: dtype=auto, diff's SDPA calls, compiled graphs, bf16
 
 @pytest.mark.parametrize('native, emulated, want', [(True, True, 'bfloat16'), (False, True, 'float16'),
                                                     (False, False, 'float16')])
@@ -2697,325 +2602,10 @@ def test_the_qk_map_in_bf16_stays_within_bf16s_rounding_of_float32():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Ctrl-C: at any moment, one line and exit code 130
+# bench.py: records, not timings (timings are never asserted)
 
-def wait_for(path, timeout=120):
-    deadline = time.time() + timeout
-    while not os.path.exists(path) and time.time() < deadline:
-        time.sleep(0.05)
-    assert os.path.exists(path), f"{path} never appeared"
-
-
-def stopped_cleanly(p, timeout=60, code=130):
-    out, err = p.communicate(timeout=timeout)
-    assert p.returncode == code, (p.returncode, out[-1000:], err[-2000:])
-    assert 'Traceback' not in out + err and 'KeyboardInterrupt' not in out + err, err[-2000:]
-    return out.strip().splitlines()[-1], err
-
-
-@pytest.mark.parametrize('moment', ['import torch', 'setup', 'first eval'])
-def test_ctrl_c_during_start_up_stops_with_one_line(corpus, tmp_path, moment):
-    # (before train.py's first line runs, the interpreter's own start-up is Python's: no script can reach it)
-    if moment == 'import torch' and not os.path.exists('/proc/self/maps'):
-        pytest.skip('needs /proc to see the import happen')
-    p = subprocess.Popen([sys.executable, 'train.py', f'--data_dir={corpus}', f'--out_dir={tmp_path}', *SMALL],
-                         cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1'))
-    if moment == 'import torch':  # torch's library is being loaded: the handler is in, torch is not yet
-        deadline = time.time() + 60
-        while 'libtorch' not in open(f'/proc/{p.pid}/maps').read() and time.time() < deadline:
-            time.sleep(0.005)
-    else:
-        for line in p.stdout:
-            if line.startswith('parameters:' if moment == 'setup' else 'step 0:'):
-                break
-    p.send_signal(signal.SIGINT)
-    last, err = stopped_cleanly(p)
-    assert last.startswith('interrupted') and err.strip() == ''
-
-
-@pytest.mark.parametrize('script', ['train.py', 'bench.py', 'prepare_data.py'])
-def test_each_script_installs_its_ctrl_c_handler_before_its_first_slow_import(script):
-    # a Ctrl-C 30 ms after the start lands in the imports: only os, signal and sys may come before the handler
-    for node in ast.parse(open(os.path.join(HERE, script)).read()).body:
-        if 'signal.signal(signal.SIGINT' in ast.unparse(node):
-            break
-        names = {a.name for a in node.names} if isinstance(node, (ast.Import, ast.ImportFrom)) else set()
-        assert names <= {'os', 'signal', 'sys'}, f"{script} imports {names} before its Ctrl-C handler"
-    else:
-        raise AssertionError(f"{script} installs no Ctrl-C handler")
-
-
-@pytest.mark.parametrize('script, module', [('bench.py', 'torch'), ('prepare_data.py', 'numpy')])
-def test_ctrl_c_during_the_imports_of_bench_and_prepare_data(tmp_path, script, module):
-    # a stand-in for the slow import (torch: seconds) that says when it has begun, so the signal lands inside it
-    (tmp_path / module).mkdir()
-    (tmp_path / module / '__init__.py').write_text(f"import time\nopen({str(tmp_path / 'began')!r}, 'w').close()\n"
-                                                   "time.sleep(60)\n")
-    p = subprocess.Popen([sys.executable, script, f'--report={tmp_path}' if script == 'bench.py' else '--help'],
-                         cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(tmp_path)))
-    wait_for(tmp_path / 'began', timeout=30)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=30)
-    assert p.returncode == 130 and out == '' and err.strip() in ('interrupted', 'interrupted: nothing was written')
-
-
-def test_ctrl_c_stops_a_trainer_that_inherited_sigint_ignored(corpus, tmp_path):
-    # a background job of a non-interactive shell (sh -c 'python train.py & wait') starts with SIGINT ignored
-    p = start(*trains(corpus, tmp_path, '--max_iters=100000', '--eval_interval=5'), sigint_ignored=True)
-    wait_for(tmp_path / 'ckpt.pt')
-    p.send_signal(signal.SIGINT)
-    last, _ = stopped_cleanly(p)
-    assert last.startswith('interrupted at iteration') and '--init_from=resume' in last
-
-
-def test_settings_that_make_a_run_useless_or_endless_say_so_at_the_start(corpus, tmp_path):
-    # an estimate of 146 times the val split once ran 72 minutes unannounced; a warmup past the end never trains
-    p = start(*trains(corpus, tmp_path, '--max_iters=40', '--eval_iters=262144'))
-    lines = [p.stdout.readline() for _ in range(2)]
-    p.kill(), p.communicate()
-    assert any(re.match(r"note: an estimate reads 33,554,432 tokens a rank, \d+ times the val split's [\d,]+, so each "
-                        r"eval is slow; --eval_iters=\d+ reads about the split once", line) for line in lines), lines
-    r = run(*trains(corpus, tmp_path / 'w', '--max_iters=2', '--warmup_iters=1000000000000'))
-    assert r.returncode == 0 and 'note: --warmup_iters=1,000,000,000,000 >= --max_iters=2: the learning rate stays in '\
-        'its warmup, at most 4e-15 of 0.002' in r.stdout, r.stdout
-    # a long window: (8, nh, T, T) float32 for the diagnostics and every layer's (B, nh, T, T) for a CPU backward
-    p = start(*trains(corpus, tmp_path / 'T', '--block_size=7000', '--n_head=16', '--max_iters=1'))
-    lines = [p.stdout.readline() for _ in range(4)]
-    p.kill(), p.communicate()
-    assert "note: --block_size=7,000 makes attention matrices of 23 GB for the diagnostics and 23 GB for a CPU step's " \
-        "backward; lower --block_size or --batch_size, or set --diag_interval=0\n" in lines, lines
-
-
-def test_sigterm_stops_a_run_with_one_line_that_names_its_resume(corpus, tmp_path):
-    # kill, a job scheduler's time limit, docker stop: SIGTERM, as Ctrl-C (one line), exit 143 = 128 + 15
-    p = start(*trains(corpus, tmp_path, '--max_iters=100000', '--eval_interval=5'))
-    wait_for(tmp_path / 'ckpt.pt')
-    p.send_signal(signal.SIGTERM)
-    last, _ = stopped_cleanly(p, code=143)
-    assert last.startswith('terminated (SIGTERM) at iteration') and '--init_from=resume' in last
-
-
-SLOW_SAVE = """
-import os, pathlib, signal, time, torch
-save, replace, calls = torch.save, os.replace, [0]
-def slow_save(*a, **k):
-    calls[0] += 1
-    if calls[0] == 2:  # the second checkpoint (iteration 10) takes a while
-        pathlib.Path(FLAG).touch()
-        time.sleep(2.5)
-    return save(*a, **k)
-def replace_then_ctrl_c(src, dst):  # RENAME: a second Ctrl-C right as the new checkpoint takes the old one's place
-    replace(src, dst)
-    if RENAME and calls[0] == 2:
-        os.kill(os.getpid(), signal.SIGINT)
-torch.save, os.replace = slow_save, replace_then_ctrl_c
-"""
-
-
-@pytest.mark.parametrize('presses', ['1', '2', '2, the second at the rename'])
-def test_ctrl_c_during_a_checkpoint_write(corpus, tmp_path, presses):
-    # once: the checkpoint is finished first, then the run stops; twice: it stops at once, the previous one intact;
-    # the second at the rename: the message names the checkpoint on disk
-    flag = tmp_path / 'saving'
-    patch = SLOW_SAVE.replace('FLAG', repr(str(flag))).replace('RENAME', str('rename' in presses))
-    p = patched_train(corpus, tmp_path / 'out', patch, '--max_iters=100000', '--eval_interval=5', popen=True)
-    wait_for(flag)
-    t0 = time.time()
-    for _ in range(1 if presses == '1' or 'rename' in presses else 2):
-        p.send_signal(signal.SIGINT)
-        time.sleep(0.3)
-    last, _ = stopped_cleanly(p)
-    ckpt = torch.load(tmp_path / 'out' / 'ckpt.pt', weights_only=True)
-    if presses == '1':
-        assert ckpt['iter_num'] == 10 and last.startswith('interrupted at iteration 10;') and 'iteration 10:' in last
-    elif presses == '2':
-        assert time.time() - t0 < 2 and ckpt['iter_num'] == 5 and 'last checkpoint is at iteration 5:' in last
-    else:
-        assert ckpt['iter_num'] == 10 and 'last checkpoint is at iteration 10:' in last, last
-    assert train(corpus, tmp_path / 'out', '--init_from=resume', '--max_iters=12').returncode == 0
-
-
-SLOW_EVAL = """
-import numpy, pathlib, time
-fromfile = numpy.fromfile
-def slow_fromfile(*a, **k):  # only the full-split evaluation reads a split whole
-    pathlib.Path(FLAG).touch()
-    time.sleep(4)
-    return fromfile(*a, **k)
-numpy.fromfile = slow_fromfile
-"""
-
-
-@pytest.mark.parametrize('when', ['final evaluation', 'eval_only', 'sample'])
-def test_ctrl_c_during_an_evaluation_or_a_sample(corpus, tmp_path, when):
-    out = tmp_path / 'out'
-    if when != 'final evaluation':
-        assert train(corpus, out, '--max_iters=2').returncode == 0
-    flag = tmp_path / 'evaluating'
-    patch = SLOW_EVAL.replace('FLAG', repr(str(flag)))
-    if when == 'sample':
-        patch = patch.replace('numpy.fromfile = slow_fromfile', 'import model\nmodel.GPT.generate = '
-                              'lambda *a, **k: (pathlib.Path(FLAG).touch(), time.sleep(4))'.replace('FLAG', repr(str(flag))))
-    extra = {'final evaluation': ['--max_iters=4', '--eval_interval=2'], 'eval_only': ['--eval_only=True'],
-             'sample': ['--sample=The ']}[when]
-    p = patched_train(corpus, out, patch, *extra, popen=True)
-    wait_for(flag)
-    p.send_signal(signal.SIGINT)
-    last, _ = stopped_cleanly(p)
-    if when == 'final evaluation':
-        assert last == (f"interrupted during the final evaluation; the last checkpoint is at iteration 4: "
-                        f"{out / 'ckpt.pt'}. Continue with: python train.py --init_from=resume --out_dir={out}")
-        r = train(corpus, out, '--init_from=resume')  # which finishes the evaluation and logs the final record
-        assert r.returncode == 0 and metrics(out)[-1]['event'] == 'final'
-    else:
-        assert last == 'interrupted; nothing was written'
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# a run owns its out_dir; a full disk is one line
-
-HOLD = """
-import os, time, model
-forward = model.GPT.forward
-def held(self, *a, **k):  # the first training step waits until the file GO exists (and says it waits)
-    if self.training and not os.path.exists(GO):
-        open(GO + '.waiting', 'w').close()
-        while not os.path.exists(GO):
-            time.sleep(0.02)
-    return forward(self, *a, **k)
-model.GPT.forward = held
-"""
-
-
-def test_two_trainers_never_share_an_out_dir_and_a_corpus_in_use_is_not_prepared_again(corpus, tmp_path):
-    out, go = tmp_path / 'out', tmp_path / 'go'
-    first = start(*trains(corpus, out, '--max_iters=60', '--eval_interval=50', '--seed=1'),
-                  patch=HOLD.replace('GO', repr(str(go))))
-    wait_for(tmp_path / 'go.waiting')  # training: its out_dir and its corpus are in use
-    (tmp_path / 'other.txt').write_text(TEXT)
-    try:
-        refused = scripts(*[trains(corpus, out, *args) for args in (['--seed=2'], ['--init_from=resume'],
-                                                                    ['--attn=coupled', '--seed=3'])],
-                          ('prepare_data.py', f'--input={tmp_path / "other.txt"}', '--name=pydocs',
-                           f'--data_dir={corpus}', '--force'))
-        os.remove(out / 'train.lock')  # deleting that file defeats nothing: the folder itself is locked
-        unlocked = run(*trains(corpus, out, '--seed=4'))
-        assert first.poll() is None  # held: the refusals came while it trained
-    finally:
-        go.touch()  # whatever happened, the held run goes on
-    for r in refused[:3]:
-        assert one_line_error(r, 'is in use by a running train.py') and f'pid {first.pid}' in r.stderr, r.stderr
-    assert one_line_error(refused[3], 'is being read by a running train.py'), refused[3].stderr
-    assert one_line_error(unlocked, 'is in use by a running train.py'), unlocked.stderr
-    out_, err = first.communicate(timeout=240)
-    assert first.returncode == 0, err[-2000:]
-    log = metrics(out)
-    assert [m['config']['seed'] for m in log if m['event'] == 'start'] == [1]
-    assert log[-1]['event'] == 'final' and [m['iter'] for m in log if m['event'] == 'eval'][:2] == [0, 50]
-    assert f"({read_bin(os.path.join(corpus, 'pydocs', 'val.bin')).size:,} tokens)" in out_  # its corpus, unchanged
-    assert json.load(open(os.path.join(corpus, 'pydocs', 'meta.json')))['corpus'] == 'pydocs'
-    ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
-    assert ckpt['iter_num'] == log[-1]['iter'] and ckpt['config']['seed'] == 1 and ckpt['config']['attn'] == 'standard'
-    # its checkpoint deleted, a new run in its folder: the finished run's log is kept, not truncated
-    before = (out / 'metrics.jsonl').read_text()
-    os.remove(out / 'ckpt.pt')
-    new = train(corpus, out, '--max_iters=1', '--seed=5')
-    assert new.returncode == 0 and f"kept as {out / 'metrics.jsonl.1'}" in new.stdout
-    assert (out / 'metrics.jsonl.1').read_text() == before and metrics(out)[0]['config']['seed'] == 5
-    # started at the same moment on an empty folder: one trains, the other is refused and touches nothing
-    both = [start(*trains(corpus, tmp_path / 'new', '--max_iters=6', f'--seed={s}')) for s in (1, 2)]
-    ends = [(p.communicate(timeout=240)[1], p.returncode) for p in both]
-    assert sorted(code for err, code in ends) == [0, 2]
-    err = [err for err, code in ends if code == 2][0].strip()
-    assert err.startswith('error:') and ('is in use by a running train.py' in err or 'holds a run' in err), err
-    seeds = [m['config']['seed'] for m in metrics(tmp_path / 'new') if m['event'] == 'start']
-    assert len(seeds) == 1 and torch.load(tmp_path / 'new' / 'ckpt.pt', weights_only=True)['config']['seed'] == seeds[0]
-
-
-# NFS: flock on the folder (opened read-only) fails with EBADF; a file opened for writing can be locked, or nothing can
-NFS_LOCKS = """
-import atexit, errno, fcntl, json, os, stat
-flock, locked = fcntl.flock, []
-def nfs(fd, op):  # the out_dir's locks (the corpus's are another folder's)
-    path = os.readlink(f'/proc/self/fd/{fd}')
-    if path.startswith(OUT) and (NOTHING or stat.S_ISDIR(os.fstat(fd).st_mode)):
-        raise OSError(errno.ENOLCK if NOTHING else errno.EBADF, os.strerror(errno.ENOLCK if NOTHING else errno.EBADF))
-    locked.extend([os.path.basename(path)] if path.startswith(OUT) else [])
-    return flock(fd, op)
-fcntl.flock = nfs
-atexit.register(lambda: json.dump(locked, open(LOCKED, 'w')))
-"""
-
-
-def test_an_out_dir_whose_folder_cannot_be_locked_locks_train_lock_or_is_refused_in_one_line(corpus, tmp_path):
-    code = NFS_LOCKS.replace('OUT', repr(str(tmp_path))).replace('LOCKED', repr(str(tmp_path / 'l')))
-    patch = lambda nothing: code.replace('NOTHING', str(nothing))
-    r = train(corpus, tmp_path / 'nfs', '--max_iters=1', patch=patch(False))
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert json.load(open(tmp_path / 'l')) == ['train.lock']  # the folder refused, its lock file held
-    r = train(corpus, tmp_path / 'none', '--max_iters=1', patch=patch(True))
-    assert one_line_error(r, f"cannot lock --out_dir={tmp_path / 'none'}") and 'cannot write' not in r.stderr, r.stderr
-    assert 'no file locks' in r.stderr and not (tmp_path / 'none' / 'ckpt.pt').exists()
-
-
-def test_a_full_disk_while_saving_or_logging_is_one_line_and_the_last_checkpoint_survives(corpus, tmp_path):
-    out = tmp_path / 'out'
-    assert train(corpus, out, '--max_iters=4', '--eval_interval=2').returncode == 0
-    before = (out / 'ckpt.pt').read_bytes()
-    r = train(corpus, out, '--init_from=resume', '--max_iters=8', fsize=200_000)  # ckpt: megabytes
-    assert r.returncode == 1 and one_line_error(r, 'cannot write') and 'ckpt.pt' in r.stderr, r.stderr
-    assert 'nothing else was touched' in r.stderr and 'the last checkpoint is at iteration 4:' in r.stderr
-    assert (out / 'ckpt.pt').read_bytes() == before and not (out / 'ckpt.pt.tmp').exists()
-    # the log: a full disk mid-line leaves whole lines only, and says so in one line
-    r = train(corpus, tmp_path / 'log', '--max_iters=200', '--eval_interval=1000', fsize=4000)
-    assert r.returncode == 1 and one_line_error(r, 'metrics.jsonl') and 'no checkpoint yet' in r.stderr
-    text = (tmp_path / 'log' / 'metrics.jsonl').read_text()
-    assert text.endswith('\n') and all(json.loads(line) for line in text.splitlines())
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# bench.py --report: rows of comparable runs, the tokens standard needs, curves
-
-def fake_run(folder, evals, final_ppl, world_size=1, attn_last=None, fingerprint=None, model_iter=None, **config):
-    """A finished run's metrics.jsonl: a start record, evals [(tokens, val_loss)] (the last with the attention
-    diagnostics attn_last, if given), a final record (128 tokens an iteration); final_ppl=None: no final (the run
-    stopped). fingerprint: its corpus's (None: an older run's log); model_iter: the iteration of the model the final
-    scored (a best-only checkpoint's)."""
-    cfg = dict(dataset='pydocs', attn='standard', n_layer=2, n_head=4, n_embd=128, block_size=32, bias=False,
-               pos='learned', batch_size=4, gradient_accumulation_steps=1, eval_iters=2, learning_rate=1e-3,
-               max_iters=evals[-1][0] // 128, seed=1) | config
-    os.makedirs(folder)
-    log_records(folder, dict(event='start', iter=0, config=cfg, world_size=world_size, tokens=0)
-                | ({'fingerprint': fingerprint} if fingerprint else {}))
-    log_evals(folder, evals, final_ppl, model_iter, attn_last)
-    return cfg
-
-
-def log_evals(folder, evals, final_ppl=None, model_iter=None, attn_last=None):
-    records = [dict(event='eval', iter=t // 128, tokens=t, val_loss=loss, qk=[]) for t, loss in evals]
-    log_records(folder, *records[:-1], records[-1] | ({} if attn_last is None else dict(attn=attn_last)))
-    if final_ppl is not None:
-        log_records(folder, dict(event='final', iter=evals[-1][0] // 128, tokens=evals[-1][0],
-                                 val_loss=math.log(final_ppl), val_ppl=final_ppl)
-                    | (dict(model_iter=model_iter, model_tokens=model_iter * 128) if model_iter is not None else {}))
-
-
-def log_records(folder, *records):
-    with open(os.path.join(folder, 'metrics.jsonl'), 'a') as f:
-        f.writelines(json.dumps(r) + '\n' for r in records)
-
-
-def resume_run(folder, cfg, at, evals, final_ppl=None, world_size=1, **changes):
-    """Append a resume from the checkpoint at iteration `at` to a fake run's log: train.py appends a start record,
-    then what it trains; changes: flags given at the resume."""
-    log_records(folder, dict(event='start', iter=at, config=cfg | changes, world_size=world_size, tokens=at * 128))
-    log_evals(folder, evals, final_ppl)
-
-
-def bench_report(capsys, monkeypatch, *args):
-    """bench.py --report... in this process (a subprocess would pay torch's import): (exit code, stdout, stderr)."""
+def bench_main(capsys, monkeypatch, *args):
+    """python bench.py ARGS in this process (a subprocess would pay torch's import): a CompletedProcess."""
     monkeypatch.setattr(sys, 'argv', ['bench.py', *args])
     try:
         bench.main()
@@ -3025,212 +2615,7 @@ def bench_report(capsys, monkeypatch, *args):
             print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else int(e.code is not None)
     out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def report_rows(stdout, table=0):  # the rows of the first table (the results)
-    return {row.split(' | ')[1]: row.split(' | ') for row in stdout.split('\n\n')[table].splitlines()
-            if row.startswith('| pydocs')}
-
-
-def test_report_reads_the_tokens_standard_needs_off_its_curves(tmp_path):
-    curve = [(0, 5.0), (128, 4.0), (256, 3.0), (384, 2.5), (512, 2.0)]
-    for s in (1, 2):  # standard: two seeds whose mean is the curve above
-        fake_run(tmp_path / f'standard-s{s}', [(t, v + (0.1 if s == 1 else -0.1)) for t, v in curve], 8.0, seed=s)
-    fake_run(tmp_path / 'standard-2.4x-s1', [(int(t * 2.4) // 128 * 128, v - 0.4) for t, v in curve], 7.0,
-             max_iters=9)  # a longer standard run: its curve reaches further
-    fake_run(tmp_path / 'coupled-s1', [(0, 5.0), (256, 3.2), (512, 2.9)], 9.0, attn='coupled')
-    fake_run(tmp_path / 'uncoupled-s1', [(0, 5.0), (256, 3.0), (512, 1.0)], 6.0, attn='uncoupled')
-    fake_run(tmp_path / 'euler-s1', [(0, 5.0), (512, 2.9)], 9.0, attn='euler', learning_rate=3e-3)
-    r = run('bench.py', f'--report={tmp_path}')
-    assert r.returncode == 0, r.stderr
-    rows = report_rows(r.stdout)
-    # read off the longest standard run, standard-2.4x: (0, 4.6), (256, 3.6), (512, 2.6), (896, 2.1), (1152, 1.6)
-    assert rows['coupled'][5] == '0.85x'  # 2.9 is reached 0.7 of the way from 256 to 512: 435.2 tokens, / 512
-    assert rows['standard'][5] == '1.85x'  # 2.0 (mean of 2.1, 1.9): 947.2 tokens; a long run's mid-run points
-    assert rows['uncoupled'][5] == '> 2.25x'  # 1.0: never, the curve ends at 1152 tokens
-    assert rows['standard-2.4x'][4] == '-12.5% at 2.25x its tokens'  # different tokens: never compared silently
-    assert 'reads the curve of standard-2.4x (1 seed, 5 evals to 1,152 tokens)' in r.stdout
-    # another training than its baseline's: said (only there), not compared silently
-    assert "note: pydocs/euler: 'vs standard' compares with standard, trained at learning_rate=0.001 (this row: " \
-        "0.003)" in r.stderr and 'pydocs/coupled: ' not in r.stderr, r.stderr
-
-
-def test_report_splits_a_label_whose_runs_differ_and_skips_what_is_not_a_record(corpus, tmp_path):
-    curve = [(0, 5.0), (128, 3.0)]
-    fake_run(tmp_path / 'standard-s1', curve, 8.0, n_layer=2, seed=1)
-    fake_run(tmp_path / 'standard-s3', curve, 9.0, n_layer=1, seed=3)  # another model under the same label
-    fake_run(tmp_path / 'coupled-s1', curve, 8.5, attn='coupled', n_layer=2)
-    fake_run(tmp_path / 'diff-s1', curve, 8.5, attn='diff', n_layer=2)
-    with open(tmp_path / 'coupled-s1' / 'metrics.jsonl', 'a') as f:
-        f.write('[1, 2]\nnull\n"text"\n{"event": "train", "it')  # valid JSON that is not a record; a cut line
-    lines = open(tmp_path / 'diff-s1' / 'metrics.jsonl').read().splitlines()
-    (tmp_path / 'diff-s1' / 'metrics.jsonl').write_text('\n'.join(lines[:-1] + ['{"event": "final", "iter": 1}']))
-    r = run('bench.py', f'--report={tmp_path}')
-    assert r.returncode == 0, r.stderr
-    rows = report_rows(r.stdout)
-    assert set(rows) == {'standard [n_layer=1]', 'standard [n_layer=2]', 'coupled'}
-    assert rows['coupled'][4] == '+6.2%'  # against the standard of its own shape
-    assert 'pydocs/standard: its runs are not all alike (n_layer differ); shown as 2 rows' in r.stderr
-    assert r.stderr.count('is not a log record') == 4 and "diff-s1/metrics.jsonl is not a finished run" in r.stderr
-
-
-def test_report_plot_draws_the_curves_or_says_how_to_get_them(tmp_path, capsys, monkeypatch):
-    fake_run(tmp_path / 'runs' / 'standard-s1', [(0, 5.0), (128, 3.0), (256, 2.5)], 8.0)
-    fake_run(tmp_path / 'runs' / 'coupled-s1', [(0, 5.0), (128, 3.1), (256, 2.4)], 8.0, attn='coupled')
-    with monkeypatch.context() as m:
-        m.setitem(sys.modules, 'matplotlib', None)  # not installed
-        code, out, err = bench_report(capsys, monkeypatch, f'--report={tmp_path / "runs"}',
-                                      f'--plot={tmp_path / "c.png"}')
-    assert code == 1 and out == '' and err.strip() == (
-        "error: --plot needs matplotlib (pip install matplotlib); without --plot, the table needs nothing")
-    pytest.importorskip('matplotlib')
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={tmp_path / "runs"}', f'--plot={tmp_path / "c.png"}')
-    assert code == 0 and (tmp_path / 'c.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
-
-
-@pytest.mark.parametrize('plot, words', [('missing/c.png', 'No such file or directory'),
-                                         ('c.xyz', "Format 'xyz' is not supported (supported formats: "),
-                                         ('c', 'a file named by its format')])
-def test_report_plot_path_is_checked_before_any_work(tmp_path, capsys, monkeypatch, plot, words):
-    pytest.importorskip('matplotlib')
-    fake_run(tmp_path / 'runs' / 'standard-s1', [(0, 5.0), (128, 3.0)], 8.0)
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={tmp_path / "runs"}', f'--plot={tmp_path / plot}')
-    assert code == 1 and out == '' and words in err and len(err.strip().splitlines()) == 1, err
-    assert os.listdir(tmp_path) == ['runs']
-
-
-def test_report_a_run_resumed_with_other_settings_is_its_own_row(tmp_path, capsys, monkeypatch):
-    runs = tmp_path / 'runs'
-    for s in (1, 2):  # straight runs of 4 and 8 iterations
-        fake_run(runs / f'coupled-4-s{s}', [(0, 5.0), (256, 3.5), (512, 3.0)], 9.0 + s, attn='coupled', seed=s)
-        fake_run(runs / f'coupled-8-s{s}', [(0, 5.0), (512, 3.0), (1024, 2.5)], 7.0 + s, attn='coupled', seed=s)
-    # coupled-4-s3 finished 4 iterations, was resumed with --max_iters=8, and that extension stopped (no final)
-    cfg = fake_run(runs / 'coupled-4-s3', [(0, 5.0), (256, 3.5), (512, 3.2)], 10.5, attn='coupled', seed=3)
-    resume_run(runs / 'coupled-4-s3', cfg, 4, [(512, 3.2), (768, 0.1)], max_iters=8)
-    # coupled-8-s3: the same, and the extension finished: its schedule jumped at iteration 4
-    cfg = fake_run(runs / 'coupled-8-s3', [(0, 5.0), (256, 3.5), (512, 3.2)], 10.5, attn='coupled', seed=3)
-    resume_run(runs / 'coupled-8-s3', cfg, 4, [(512, 3.2), (1024, 2.4)], 7.5, max_iters=8)
-    # coupled-8-s4: killed after an eval at iteration 6, past its checkpoint at 5, resumed from 5 (the eval at 6
-    # is superseded), killed again, then resumed from 6 as 1 process instead of 2: its own row
-    cfg = fake_run(runs / 'coupled-8-s4', [(0, 5.0), (640, 2.9), (768, 0.1)], None, attn='coupled', seed=4,
-                   max_iters=8, world_size=2)
-    resume_run(runs / 'coupled-8-s4', cfg, 5, [(768, 2.8)], world_size=2)
-    resume_run(runs / 'coupled-8-s4', cfg, 6, [(1024, 2.6)], 8.6, world_size=1)
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
-    assert code == 0, err
-    rows = report_rows(out)
-    assert set(rows) == {'coupled-4', 'coupled-8', 'coupled-8 [resumed: max_iters 4->8]',
-                         'coupled-8 [resumed: world_size 2->1]'}, out
-    assert rows['coupled-4'][2] == '3' and rows['coupled-4'][3] == '10.500 +- 0.500'  # s3: its result at 4 kept
-    assert rows['coupled-8'][2] == '2' and rows['coupled-8 [resumed: max_iters 4->8]'][3] == '7.500'
-    assert 'coupled-8-s3/metrics.jsonl: resumed with other settings; a row of its own' in err
-    loaded = {os.path.basename(os.path.dirname(r['path'])): r for r in bench.load_runs([str(runs)])}
-    assert [e['tokens'] for e in loaded['coupled-4-s3']['evals']] == [0, 256, 512]  # none past its final
-    assert [(e['tokens'], e['val_loss']) for e in loaded['coupled-8-s4']['evals']] == [
-        (0, 5.0), (640, 2.9), (768, 2.8), (1024, 2.6)]  # the records past a checkpoint are gone
-    assert loaded['coupled-4-s3']['config']['max_iters'] == 4
-
-
-def test_report_counts_each_run_once(tmp_path, capsys, monkeypatch):
-    runs = tmp_path / 'runs'
-    fake_run(runs / 'standard-s1', [(0, 5.0), (128, 3.0)], 8.0)
-    fake_run(runs / 'coupled-s1', [(0, 5.0), (128, 3.0)], 8.0, attn='coupled')
-    fake_run(runs / 'out-coupled-s1', [(0, 5.0), (128, 3.0)], 8.2, attn='coupled')  # seed 1 again
-    fake_run(runs / 'coupled-s2', [(0, 5.0), (128, 3.0)], 9.0, attn='coupled', seed=2)
-    os.symlink(runs, runs / 'coupled-s1' / 'loop')  # a symlink loop
-    os.symlink(runs / 'coupled-s2', tmp_path / 'latest')  # a run reached twice
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs},{runs}/.,{tmp_path / "latest"}')
-    assert code == 0, err
-    rows = report_rows(out)
-    assert rows['coupled'][2] == '2' and rows['coupled'][3] == '8.550 +- 0.636'  # seeds 1 (8.0, 8.2) and 2 (9.0)
-    assert rows['standard'][2] == '1' and 'pydocs/coupled: 2 runs share seed 1' in err
-
-
-def test_report_compares_with_the_runs_that_trained_standard_whatever_their_folders_are_named(tmp_path, capsys,
-                                                                                                 monkeypatch):
-    fake_run(tmp_path / 'standard', [(0, 5.0), (128, 3.0)], 9.0, attn='coupled')  # a coupled run, misnamed
-    fake_run(tmp_path / 'baseline', [(0, 5.0), (128, 3.0)], 10.0)  # the real standard run
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={tmp_path}')
-    assert code == 0, err
-    rows = report_rows(out)
-    assert rows['baseline'][4] == '+0.0%' and rows['standard'][4] == '-10.0%'  # vs the run that trained standard
-    assert list(rows).index('baseline') < list(rows).index('standard')  # standard attention's row first
-    assert 'pydocs/standard: a folder named standard holds coupled runs' in err
-
-
-def test_report_never_averages_two_corpora_and_says_which_model_and_run_it_reads(tmp_path, capsys, monkeypatch):
-    runs, a, b = tmp_path / 'runs', 'a' * 64, 'b' * 64
-    fake_run(runs / 'standard-s1', [(0, 5.0), (128, 3.0)], 8.0, fingerprint=a)
-    fake_run(runs / 'coupled-s1', [(0, 5.0), (128, 3.0)], 8.0, attn='coupled', fingerprint=a)
-    fake_run(runs / 'coupled-s2', [(0, 5.0), (128, 3.0)], 9.0, attn='coupled', seed=2, fingerprint=b)  # re-prepared
-    os.makedirs(runs / 'coupled-s3')
-    os.symlink(runs / 'coupled-s1' / 'metrics.jsonl', runs / 'coupled-s3' / 'metrics.jsonl')  # s1's log, linked
-    # best-only: the final scored the checkpoint of iteration 1 of 2; an extension from it then stopped
-    cfg = fake_run(runs / 'best-s1', [(0, 5.0), (128, 3.0), (256, 3.5)], 7.0, model_iter=1)
-    resume_run(runs / 'best-s1', cfg, 1, [(256, 3.4)], max_iters=9)
-    # a finished run resumed with only --seed=2 (nothing trained): still seed 1, beside a seed 2
-    cfg = fake_run(runs / 'rerun-s1', [(0, 5.0), (128, 3.0)], 8.0)
-    resume_run(runs / 'rerun-s1', cfg, 1, [(128, 3.0)], 8.0, seed=2)
-    fake_run(runs / 'rerun-s2', [(0, 5.0), (128, 3.0)], 9.0, seed=2)
-    lines = open(runs / 'rerun-s2' / 'metrics.jsonl').readlines()  # a log whose lines were shuffled
-    fake_run(runs / 'shuffled-s1', [(0, 5.0)], 1.0)
-    (runs / 'shuffled-s1' / 'metrics.jsonl').write_text(''.join(lines[:1] + lines[:0:-1]))
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
-    assert code == 0, err
-    rows = report_rows(out)
-    assert set(rows) == {'standard', f'coupled [fingerprint={a[:12]}]', f'coupled [fingerprint={b[:12]}]', 'best',
-                         'rerun'}, out
-    assert rows[f'coupled [fingerprint={a[:12]}]'][2:5] == ['1', '8.000', '+0.0%']  # s3 is s1: counted once
-    assert rows[f'coupled [fingerprint={b[:12]}]'][2:5] == ['1', '9.000', '-']  # no standard ran on that text
-    assert 'pydocs/coupled: its runs trained on different texts under the name pydocs' in err
-    assert 'coupled-s1/metrics.jsonl and ' in err and 'are one file (a link); counted once' in err
-    assert rows['best'][3] == '7.000' and rows['best'][8] == '128'  # the checkpoint's model, at its tokens
-    assert "best-s1/metrics.jsonl: its result is its best-only checkpoint's model, iteration 1 of 2" in err
-    assert rows['rerun'][2:4] == ['2', '8.500 +- 0.707'] and 'share seed' not in err
-    assert 'shuffled-s1/metrics.jsonl: its records are out of order' in err
-    # runs logged before corpora had fingerprints: one row, as before
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs / "rerun-s1"},{runs / "rerun-s2"}')
-    assert code == 0 and set(report_rows(out)) == {'rerun'} and err == ''
-
-
-BAD_RECORDS = {  # what a broken or hand-edited log may hold; each record is skipped with a warning
-    'attn a dict': [dict(event='eval', iter=1, tokens=128, val_loss=3.0, attn={'entropy': 0.5})],
-    'attn malformed': [dict(event='eval', iter=1, tokens=128, val_loss=3.0,
-                            attn=[{'entropy': 0.5, 'sink': None, 'gap': 0.3}])],
-    'qk a string': [dict(event='eval', iter=1, tokens=128, val_loss=3.0, qk='none')],
-    'qk malformed': [dict(event='eval', iter=1, tokens=128, val_loss=3.0, qk=[{'nonlinear': 'high'}])],
-    'dt a string': [dict(event='eval', iter=1, tokens=128, val_loss=3.0, qk=[{'nonlinear': 0.1, 'dt': 'small'}])],
-    'wrong types': [dict(event='eval', iter=1, tokens='many', val_loss=3.0), dict(event='train', iter='one', ms=5),
-                    dict(event='train', iter=1, ms=[5]), dict(event='start', iter=1, config='fast'),
-                    dict(event='final', iter=1, tokens=128, val_loss=None, val_ppl=True)],
-}
-
-
-@pytest.mark.parametrize('case, words', [
-    ('0 iterations', 'zero-s1/metrics.jsonl is not a finished run (no final val_ppl, val_loss, tokens > 0)'),
-    ('a folder', 'folder/metrics.jsonl: Is a directory; left out'), ('a diverged seed', ''),
-    *[(case, 'is not a log record') for case in BAD_RECORDS]])
-def test_report_bad_inputs_are_one_line_each(tmp_path, capsys, monkeypatch, case, words):
-    runs = tmp_path / 'runs'
-    fake_run(runs / 'standard-s1', [(0, 5.0), (128, 3.0)], 8.0)
-    fake_run(runs / 'coupled-s1', [(0, 5.0), (128, 3.0)], 8.0, attn='coupled')
-    if case == '0 iterations':  # --max_iters=0
-        fake_run(runs / 'zero-s1', [(0, 5.0)], 150.0)
-    elif case == 'a folder':  # where the log should be
-        (runs / 'folder' / 'metrics.jsonl').mkdir(parents=True)
-    elif case == 'a diverged seed':  # train.py reports an infinite perplexity
-        fake_run(runs / 'coupled-s2', [(0, 5.0), (128, 3.0)], math.inf, attn='coupled', seed=2)
-    else:
-        log_records(runs / 'coupled-s1', *BAD_RECORDS[case])
-    code, out, err = bench_report(capsys, monkeypatch, f'--report={runs}')
-    assert code == 0 and set(report_rows(out)) == {'standard', 'coupled'}, err
-    assert err.count('\n') == len(BAD_RECORDS.get(case, [words] * bool(words))) and words in err, err
-    if case == '0 iterations':  # and alone
-        code, out, err = bench_report(capsys, monkeypatch, f'--report={runs / "zero-s1"}')
-        assert code == 1 and out == '' and err.count('\n') == 2 and 'error: no finished train.py runs' in err
-    if case == 'a diverged seed':
-        assert report_rows(out)['coupled'][3] == '8.000 (1 of 2 diverged)'
+    return subprocess.CompletedProcess('bench.py', code, out.out, out.err)
 
 
 def failing_backend(gm, inputs):
@@ -3247,9 +2632,9 @@ def test_gpu_check_runs_at_a_reduced_shape_on_cpu(tmp_path, capsys, monkeypatch,
     real = torch.compile
     monkeypatch.setattr(torch, 'compile', lambda model: real(model, backend=backend))
     out = tmp_path / 'check.jsonl'
-    r = subprocess.CompletedProcess('bench.py', *bench_report(
+    r = bench_main(
         capsys, monkeypatch, '--gpu_check', '--device=cpu', '--dtype=bfloat16', '--preset=tiny', '--batch_size=2',
-        '--block_size=16', '--vocab_size=64', '--iters=1', '--warmup=0', f'--json_out={out}'))
+        '--block_size=16', '--vocab_size=64', '--iters=1', '--warmup=0', f'--json_out={out}')
     assert r.returncode == 0, r.stderr[-2000:]
     works = backend == 'eager'
     failed = [f'torch.compile failed for {v}' in r.stdout for v in ('standard', 'coupled')]
@@ -3272,23 +2657,38 @@ def test_gpu_check_runs_at_a_reduced_shape_on_cpu(tmp_path, capsys, monkeypatch,
     assert M.CausalSelfAttention.split_v is None  # restored
 
 
-def test_diag_cost_times_the_diagnostics_against_a_forward(capsys, monkeypatch):
-    # the README's measurement at 60m (--preset=60m --block_size=512 --batch_size=32), here at a tiny shape
-    r = subprocess.CompletedProcess('bench.py', *bench_report(
-        capsys, monkeypatch, '--diag_cost', '--device=cpu', '--preset=tiny', '--block_size=64', '--batch_size=2',
-        '--vocab_size=64', '--attn=coupled,standard'))
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert [line.split(',')[0] for line in r.stdout.splitlines()] == ['diagnostics cost: coupled',
-                                                                      'diagnostics cost: standard']  # each named
-    assert re.search(r'one forward of 2 sequences [\d.]+ s; qk_diagnostics \(8,192 tokens\) [\d.]+ s, '
-                     r'attention_diagnostics [\d.]+ s: [\d.]+ forwards, [\d.]+% of an estimate_loss \(80 forwards\)',
-                     r.stdout), r.stdout
-
-
 def test_gpu_check_without_cuda_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
-    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, '--gpu_check'))
+    r = bench_main(capsys, monkeypatch, '--gpu_check')
     assert one_line_error(r, '--gpu_check needs a CUDA GPU') and r.stdout == ''
+
+
+def test_bench_writes_one_record_per_variant_and_mode(tmp_path, capsys, monkeypatch):
+    out = tmp_path / 'bench.jsonl'
+    r = bench_main(
+        capsys, monkeypatch, '--preset=tiny', '--attn=coupled,diff+coupled', '--vocab_size=64', '--batch_size=2',
+        '--block_size=16', '--new_tokens=4', '--iters=1', '--warmup=0', f'--json_out={out}')
+    assert r.returncode == 0, r.stderr[-2000:]
+    records = [json.loads(line) for line in open(out)]
+    modes = ('train', 'forward', 'generate', 'generate-nocache')
+    assert {(rec['attn'], rec['mode']) for rec in records} == {(a, m) for a in ('standard', 'coupled', 'diff+coupled')
+                                                                for m in modes}
+    for rec in records:
+        assert rec['ms_per_iter'] > 0 and rec['tokens_per_s'] > 0
+        assert (rec['ratio_vs_standard'] == 1.0) == (rec['attn'] == 'standard')
+    flop = {rec['attn']: rec['flop_model_ratio'] for rec in records if rec['mode'] == 'train'}
+    assert flop['standard'] == 1.0 and 1.0 < flop['coupled'] < flop['diff+coupled'] < 1.05
+    assert 'KV cache generates 4 tokens' in r.stdout
+
+
+@pytest.mark.parametrize('args, words', [
+    (['--attn=hamiltonian'], 'hamiltonian'), (['--mode=backward'], 'backward'), (['--preset=huge'], 'preset'),
+    (['--device=tpu'], '--device=tpu is unknown, or not available here'), (['--plan', '--world_size=3'],
+                                                                            '--world_size=3'),
+    *([] if torch.backends.mps.is_available() else [(['--device=mps'], '--device=mps is unknown, or not available')]),
+])
+def test_bench_bad_flags_give_one_clear_line(args, words, capsys, monkeypatch):
+    assert one_line_error(bench_main(capsys, monkeypatch, *args), words)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -3301,7 +2701,7 @@ def gpu_recipe():
 
 
 def test_readme_gpu_recipe_is_what_bench_plan_prints(capsys, monkeypatch):
-    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, '--plan'))
+    r = bench_main(capsys, monkeypatch, '--plan')
     assert r.returncode == 0, r.stderr
     ladder = readme_section('The ladder')
     assert all(line in ladder for line in r.stdout.splitlines())  # the README shows bench.py's recipe, as printed
@@ -3310,7 +2710,7 @@ def test_readme_gpu_recipe_is_what_bench_plan_prints(capsys, monkeypatch):
                      'diff+coupled', 'standard-2.4x']
     # 8 GPUs: the README's launcher and per-rank flags are bench.py --plan --world_size=8's, and both recipes keep
     # 65,536 tokens per step and 1.31B per run (batch flags are per rank)
-    eight = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, '--plan', '--world_size=8'))
+    eight = bench_main(capsys, monkeypatch, '--plan', '--world_size=8')
     assert eight.returncode == 0 and '65,536 tokens per step' in eight.stdout
     flags = lambda command: dict(a[2:].split('=', 1) for a in shlex.split(command) if a[:2] == '--' and '=' in a)
     one, eight = gpu_recipe()[0], re.search(r'^R="(.*)"$', eight.stdout, re.M).group(1)
@@ -3335,7 +2735,7 @@ def test_plan_adds_evaluation_and_compile_to_training_and_says_they_are_estimate
     forward = flops_per_token(cfg, T) / 3 / (bench.UTILISATION * 989e12) / 60  # minutes a token
     assert one['eval'] == pytest.approx(21 * forward * (2 * 40 * 32 * T + bench.DIAG_TOKENS))
     assert eight['eval'] == pytest.approx(21 * forward * (2 * 40 * 32 * T / 8 + bench.DIAG_TOKENS))
-    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, '--plan', '--world_size=8'))
+    r = bench_main(capsys, monkeypatch, '--plan', '--world_size=8')
     row = re.search(r'^\| standard \| .*\| ([\d.]+) (min|h) \| [\d.]+ (?:min|h) \|$', r.stdout, re.M)
     assert r.returncode == 0 and float(row.group(1)) == round(sum(bench.plan_minutes(
         cfg, T, 1_310_720_000, 21, 8, bench.GPU_PEAK_FLOPS['NVIDIA H100 80GB HBM3']).values())), r.stdout
@@ -3390,7 +2790,7 @@ REDUCED = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=16', '--bat
            '--warmup_iters=1', '--compile=False', '--device=cpu', '--sample_tokens=0']  # compile: its own test
 
 
-def test_every_gpu_recipe_command_runs_at_a_reduced_shape_and_tabulates(wikitext103, tmp_path, capsys, monkeypatch):
+def test_every_gpu_recipe_command_runs_at_a_reduced_shape_and_tabulates(wikitext103, tmp_path, capsys):
     prefix, rows = gpu_recipe()
     command = lambda flags: shlex.split(prefix)[2:] + shlex.split(flags) + REDUCED + [f'--data_dir={wikitext103}']
     with ThreadPoolExecutor(2) as pool:  # two processes side by side, one thread each, half the runs in each
@@ -3404,75 +2804,28 @@ def test_every_gpu_recipe_command_runs_at_a_reduced_shape_and_tabulates(wikitext
         assert 'Warning' not in r.stderr, (name, r.stderr[-2000:])  # e.g. diff's norm fed bf16 against a float32 gain
         final = metrics(tmp_path / 'runs' / '60m' / name)[-1]
         assert final['event'] == 'final' and all(math.isfinite(final[k]) for k in ('val_ppl', 'test_ppl', 'val_bpb'))
-    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, f'--report={tmp_path / "runs" / "60m"}'))
-    assert r.returncode == 0, r.stderr
-    assert all(f'| wikitext103 | {name} | 1 |' in r.stdout for name, flags in rows), r.stdout
+    code, out, err = tabulate(capsys, tmp_path / 'runs' / '60m')
+    assert code == 0, err
+    assert all(f'| wikitext103 | {name} | 1 |' in out for name, flags in rows), out
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# bench.py: records, not timings (timings are never asserted)
+# the report of train.py runs (results/report.py; its tables: results/test_results.py)
 
-def test_bench_writes_one_record_per_variant_and_mode(tmp_path, capsys, monkeypatch):
-    out = tmp_path / 'bench.jsonl'
-    r = subprocess.CompletedProcess('bench.py', *bench_report(
-        capsys, monkeypatch, '--preset=tiny', '--attn=coupled,diff+coupled', '--vocab_size=64', '--batch_size=2',
-        '--block_size=16', '--new_tokens=4', '--iters=1', '--warmup=0', f'--json_out={out}'))
-    assert r.returncode == 0, r.stderr[-2000:]
-    records = [json.loads(line) for line in open(out)]
-    modes = ('train', 'forward', 'generate', 'generate-nocache')
-    assert {(rec['attn'], rec['mode']) for rec in records} == {(a, m) for a in ('standard', 'coupled', 'diff+coupled')
-                                                                for m in modes}
-    for rec in records:
-        assert rec['ms_per_iter'] > 0 and rec['tokens_per_s'] > 0
-        assert (rec['ratio_vs_standard'] == 1.0) == (rec['attn'] == 'standard')
-    flop = {rec['attn']: rec['flop_model_ratio'] for rec in records if rec['mode'] == 'train'}
-    assert flop['standard'] == 1.0 and 1.0 < flop['coupled'] < flop['diff+coupled'] < 1.05
-    assert 'KV cache generates 4 tokens' in r.stdout
-
-
-@pytest.mark.parametrize('args, words', [
-    (['--attn=hamiltonian'], 'hamiltonian'), (['--mode=backward'], 'backward'), (['--preset=huge'], 'preset'),
-    (['--iters=0'], '--iters'), (['--block_size=-4'], '--block_size'), (['--batch_size=0'], '--batch_size'),
-    (['--new_tokens=0'], '--new_tokens'), (['--warmup=-1'], '--warmup'),
-    (['--json_out=/nonexistent/dir/b.jsonl'], 'json_out'), (['--device=tpu'], 'unknown'),
-    (['--plot=c.png'], '--report'), (['--plan', '--world_size=3'], '--world_size=3'),
-    (['--report='], 'names an empty folder'), (['--report=runs,'], 'empty folder'),
-    (['--report=.,no-such-runs'], 'no-such-runs is not a run folder'),
-    (['--report=README.md'], 'README.md is a file, not a run folder'),
-    (['--attn=coupled', '--qk_steps=8'], 'qk_steps must be in 1..7'), (['--qk_hidden=0'], 'qk_hidden must be'),
-    # a job reads only its own flags: the plan is the recipe's, the report the logs'
-    (['--plan', '--preset=tiny', '--attn=euler'], '--plan reads only --world_size, not --attn, --preset; drop them'),
-    (['--report=runs', '--plan'], '--report and --plan are different jobs'), (['--world_size=8'], 'by --plan only'),
-    (['--report=runs', '--batch_size=2'], '--report reads only --plot, not --batch_size; drop it'),
-])
-def test_bench_bad_flags_give_one_clear_line(args, words, capsys, monkeypatch):
-    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, *args))
-    assert one_line_error(r, words)
-
-
-@pytest.mark.skipif(torch.backends.mps.is_available(), reason='MPS is available here')
-def test_bench_on_mps_off_a_mac_is_one_line(capsys, monkeypatch):
-    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch, '--device=mps'))
-    assert one_line_error(r, 'MPS is not available')
-
-
-def test_report_tabulates_any_run_folders_and_survives_a_cut_line(corpus, tmp_path, capsys, monkeypatch):
-    for r, note in zip(scripts(*[trains(corpus, tmp_path / name, '--max_iters=2', '--eval_interval=1', f'--attn={attn}',
-                                        '--qk_dt=0.2', '--qk_decay=True')
-                                 for name, attn in (('out-standard', 'standard'), ('out-coupled', 'coupled'))]),
-                       ("note: --qk_dt, --qk_decay are not read by --attn=standard\n", None)):
-        assert r.returncode == 0 and (note in r.stdout if note else 'note: --qk' not in r.stdout), r.stderr
+def test_the_report_tabulates_train_py_runs_and_skips_a_line_cut_short(corpus, tmp_path, capsys):
+    for name, attn in (('out-standard', 'standard'), ('out-coupled', 'coupled')):
+        assert train(corpus, tmp_path / name, '--max_iters=2', '--eval_interval=1', f'--attn={attn}').returncode == 0
     with open(tmp_path / 'out-coupled' / 'metrics.jsonl', 'a') as f:
         f.write('{"event": "train", "it')  # a run killed while writing
-    r = subprocess.CompletedProcess('bench.py', *bench_report(capsys, monkeypatch,
-                                                             f'--report={tmp_path / "out-standard"},{tmp_path / "out-coupled"}'))
-    assert r.returncode == 0, r.stderr
-    assert 'out-coupled/metrics.jsonl:' in r.stderr and 'skipped' in r.stderr
-    rows = [line for line in r.stdout.split('\n\n')[0].splitlines() if line.startswith('| ') and 'variant' not in line]
+    code, out, err = tabulate(capsys, tmp_path / 'out-standard', tmp_path / 'out-coupled')
+    assert code == 0 and 'out-coupled/metrics.jsonl:' in err and 'skipped' in err, err
+    rows = [line for line in out.split('\n\n')[0].splitlines() if line.startswith('| ') and 'variant' not in line]
     assert len(rows) == 2 and any('| coupled |' in row for row in rows) and any('| standard |' in row for row in rows)
-    for name in ('out-standard', 'out-coupled'):  # train.py's attention diagnostics (results/tables.py's table)
-        att = [m for m in bench.read_log(tmp_path / name / 'metrics.jsonl') if m['event'] == 'eval'][-1]['attn']
+    assert '\nAttention at the final eval' in out  # train.py's attention diagnostics, per layer
+    for name in ('out-standard', 'out-coupled'):
+        att = [m for m in report.read_log(tmp_path / name / 'metrics.jsonl') if m['event'] == 'eval'][-1]['attn']
         assert len(att) == 2 and all(set(layer) == {'entropy', 'sink', 'gap'} for layer in att), att
+    assert report.read_log(tmp_path / 'out-coupled' / 'metrics.jsonl')[0]['vocab_size'] == 257  # (failed: by it)
 
 
 # ---------------------------------------------------------------------------------------------------------------

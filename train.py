@@ -9,6 +9,7 @@ A flag (--key=value) wins over a --preset, which wins over the values below. Res
 take every setting no flag gives from the checkpoint.
 """
 import os
+import shlex
 import signal
 import sys
 from contextlib import nullcontext, suppress
@@ -16,23 +17,26 @@ from contextlib import nullcontext, suppress
 # Ctrl-C (SIGINT) or SIGTERM: one line, and exit with 128 + the signal's number, from here on (torch's import is
 # slow). A checkpoint being written is finished first (in the loop), unless the signal comes twice.
 master = os.environ.get('RANK', '0') == '0'  # rank 0 logs, saves and speaks
-saving, stop, training, saved_iter = False, None, False, None
+saving, stop, training, saved_iter, renaming = False, None, False, None, None
 
 
 def on_signal(signum, frame):
     global stop
-    if saving and stop is None:
+    if saving and (stop is None or 'RANK' in os.environ):  # torchrun passes its own signals on: each one waits
+        if stop is None:
+            say("stopping once this checkpoint is written" + " (again: stop now)" * ('RANK' not in os.environ))
         stop = signum
-        return say("stopping once this checkpoint is written (again: stop now)")
-    say(f"{'interrupted' if signum == signal.SIGINT else 'terminated'}{f' at iteration {iter_num}' * training}; "
-        + resume_hint())
+        return
+    at = f" at iteration {iter_num}" if training else ''
+    say(f"{'interrupted' if signum == signal.SIGINT else 'terminated'}{at}; {resume_hint()}")
     os._exit(128 + signum)  # ckpt.pt and the log stay whole
 
 
 def resume_hint():
     launch = f"torchrun --nproc_per_node={os.environ['LOCAL_WORLD_SIZE']}" if 'RANK' in os.environ else 'python'
-    return "nothing was saved" if saved_iter is None else (
-        f"the last checkpoint is at iteration {saved_iter}: {ckpt_path}. Continue with: {launch} train.py "
+    at = renaming if renaming is not None and not os.path.exists(ckpt_path + '.tmp') else saved_iter  # renamed yet?
+    return "nothing was saved" if at is None else (
+        f"the last checkpoint is at iteration {at}: {ckpt_path}. Continue with: {launch} train.py "
         f"--init_from=resume --out_dir={shlex.quote(out_dir)}")
 
 
@@ -49,7 +53,6 @@ signal.signal(signal.SIGTERM, on_signal)
 import difflib
 import json
 import math
-import shlex
 import time
 from dataclasses import fields
 
@@ -59,8 +62,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
-from model import (POS, PRESETS, GPT, GPTConfig, attention_diagnostics, attn_names, autocast_dtype, flops_per_token,
-                   median_layer, peak_flops, qk_diagnostics)
+from model import POS, PRESETS, GPT, GPTConfig, attn_names, autocast_dtype, diagnostics, flops_per_token, peak_flops
 
 # -----------------------------------------------------------------------------
 _before = set(globals())  # the settings: what this block adds
@@ -181,9 +183,13 @@ if settings['init_from'] == 'resume' or not trains:
     if not os.path.exists(ckpt_path):
         die(f"no checkpoint at {ckpt_path}; train one first, or point --out_dir at a run")
     checkpoint = torch.load(ckpt_path, map_location='cpu', weights_only=True)
-    asked = PRESETS.get(given.get('preset'), {}) | given  # the model this command names
-    clash = [f"--{k}={asked[k]!r} here but {checkpoint['model_args'][k]!r} in the checkpoint" for k in MODEL_KEYS
-             if k in asked and asked[k] != checkpoint['model_args'][k]]
+    asked, theirs = PRESETS.get(given.get('preset'), {}) | given, checkpoint['model_args']  # the model named here
+    differ = [k for k in MODEL_KEYS if k in asked and asked[k] != theirs[k]]
+    clash = [f"--{k}={given[k]!r} here but {theirs[k]!r} in the checkpoint" for k in differ if k in given]
+    by_preset = [k for k in differ if k not in given]
+    if by_preset:
+        clash.append(f"--preset={given['preset']} here ({', '.join(f'{k}={asked[k]}' for k in by_preset)}) but "
+                     f"{', '.join(f'{k}={theirs[k]}' for k in by_preset)} in the checkpoint")
     if trains and given.get('seed', checkpoint['config']['seed']) != checkpoint['config']['seed']:
         clash.append(f"--seed={given['seed']} here but the run started with seed {checkpoint['config']['seed']}")
     if clash:
@@ -225,7 +231,7 @@ except prepare_data.DataError as e:
 if checkpoint and sample and checkpoint['model_args']['vocab_size'] != meta['vocab_size']:
     die(f"{ckpt_path} reads {checkpoint['model_args']['vocab_size']} tokens, {data_dir}/{dataset}'s tokenizer "
         f"{meta['vocab_size']}; name the corpus it was trained on with --dataset")
-if checkpoint and not sample and checkpoint.get('fingerprint') not in (None, meta['fingerprint']):  # (older: None)
+if checkpoint and (trains or eval_only) and checkpoint.get('fingerprint') not in (None, meta['fingerprint']):
     die(f"{ckpt_path} was trained on other text than {data_dir}/{dataset} holds (corpus fingerprint "
         f"{checkpoint['fingerprint'][:12]}, not {meta['fingerprint'][:12]}); name its corpus with --dataset")
 train_gen = torch.Generator().manual_seed(seed + rank)  # each rank its own batches
@@ -263,22 +269,29 @@ if ddp:  # around the compiled model, as PyTorch's docs say: the graph splits at
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
 if compiled:  # one step now, without gradient sync: if it fails, the run goes on eager
     try:
-        with model.no_sync() if ddp else nullcontext(), autocast:
+        with model.no_sync() if ddp else nullcontext(), autocast, torch.random.fork_rng(
+                [device] if device_type == 'cuda' else []):  # dropout's random state: left as it was
             model(*get_batch('train', torch.Generator().manual_seed(0)))[1].backward()
     except Exception as e:  # e.g. no C compiler, a Python that Dynamo does not support yet
-        e = getattr(e, 'inner_exception', e)
+        e, compiled = getattr(e, 'inner_exception', e), False
         print(f"warning: torch.compile failed ({type(e).__name__}: {str(e)[:100]}); running eager")
+    raw_model.zero_grad(set_to_none=True)
+    ok = torch.tensor(float(compiled), device=device)
+    if ddp:  # a rank that failed: every rank runs eager
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if not ok.item():
         compiled = False
         if ddp:
             model.module = raw_model  # DDP calls the eager model
         else:
             model = raw_model
-    raw_model.zero_grad(set_to_none=True)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 iter_num, best_val_loss, saved_val, train_time, tokens = 0, 1e9, math.nan, 0.0, 0
 if checkpoint and trains:
     optimizer.load_state_dict(checkpoint['optimizer'])
+    if checkpoint.get('scaler'):  # float16's loss scale
+        scaler.load_state_dict(checkpoint['scaler'])
     iter_num, best_val_loss, train_time, tokens = (checkpoint[k] for k in ('iter_num', 'best_val_loss', 'train_time',
                                                                            'tokens'))
     saved_val = checkpoint.get('val_loss', best_val_loss)
@@ -290,7 +303,7 @@ if checkpoint and trains:
             torch.cuda.set_rng_state(rng['cuda'], device)
     else:
         print0(f"note: the checkpoint was trained by {checkpoint['world_size']} process(es), this run has "
-               f"{world_size}: the batches continue in a new order, not as one run would")
+               f"{world_size}: its batches are drawn anew (seed {seed}), not as one run would go on")
     print0(f"resuming from {ckpt_path} at iteration {iter_num} ({train_time:.0f} s trained)")
 peak = peak_flops(device)  # for MFU; None: not known
 flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter / world_size if peak else None
@@ -380,7 +393,8 @@ while training:
             dist.broadcast(flag, 0)
         out_of_time = bool(flag.item())
     last = iter_num >= max_iters or out_of_time
-    if (iter_num % eval_interval == 0 and (iter_num > start_iter or init_from == 'scratch')) or last:
+    if (iter_num % eval_interval == 0 and (iter_num > start_iter or init_from == 'scratch')) or last:  # (a resume:
+        # its first iteration was evaluated before the save it resumes from)
         if pending:
             check_losses()  # a model gone non-finite is never saved
         losses = estimate_loss()
@@ -390,18 +404,12 @@ while training:
             losses = dict(train=est[0].item(), val=est[1].item())
         if not all(math.isfinite(v) for v in losses.values()):  # the last update broke it
             not_finite(iter_num, losses['val'])
-        # the diagnostics' batch: 8,192 val tokens whatever the batch or world size (the nonlinear fit's floor)
+        # the diagnostics: 8,192 val tokens at any batch or world size (the fewest the nonlinear fit reads well)
         diag = master and diag_interval and (iter_num // eval_interval % diag_interval == 0 or last)
         x = get_batch('val', torch.Generator().manual_seed(10_000), n=-(-8192 // block_size))[0] if diag else None
-        qk, att = (qk_diagnostics(raw_model, x), attention_diagnostics(raw_model, x)) if diag else ([], [])
-        nonlinear = median_layer(qk, 'nonlinear') if qk else None  # None: too few tokens to fit
+        qk, att, line = diagnostics(raw_model, x) if diag else ([], [], '')
         print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, val ppl "
-               f"{perplexity(losses['val']):.2f} ({eval_iters}-batch estimates)" + (
-                   " | q/k map: nonlinear {}, dq {:.1%}, dk {:.1%} (median layer)".format(
-                       'too few distinct tokens' if nonlinear is None else f"{nonlinear:.2%}",
-                       median_layer(qk, 'dq'), median_layer(qk, 'dk')) if qk else '') + (
-                   " | attention: entropy {:.2f}, sink {:.2f}, gap {:.2f} (median layer)".format(
-                       *(median_layer(att, k) for k in ('entropy', 'sink', 'gap'))) if att else ''))
+               f"{perplexity(losses['val']):.2f} ({eval_iters}-batch estimates){line}")
         log(dict(event='eval', iter=iter_num, train_loss=losses['train'], val_loss=losses['val'],
                  val_ppl=perplexity(losses['val']), tokens=tokens, time=train_time, qk=qk, attn=att))
         if (losses['val'] < best_val_loss or always_save_checkpoint) and (iter_num > start_iter or last):
@@ -410,14 +418,15 @@ while training:
                          if device_type == 'cuda' else None)] * world_size  # each rank's, for an exact resume
             if ddp:
                 dist.all_gather_object(rngs, rngs[rank])
-            saving = True  # a signal now waits for the save to end (on_signal)
+            saving = True  # a signal now waits for the save (on_signal)
             if master:
                 torch.save(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), model_args=model_args,
                                 rng=rngs, iter_num=iter_num, best_val_loss=best_val_loss, val_loss=saved_val,
                                 train_time=train_time, tokens=tokens, config=config, world_size=world_size,
-                                fingerprint=meta['fingerprint']), ckpt_path + '.tmp')
+                                fingerprint=meta['fingerprint'], scaler=scaler.state_dict()), ckpt_path + '.tmp')
+                renaming = iter_num  # (a second signal's hint: this one, once the .tmp is gone)
                 os.replace(ckpt_path + '.tmp', ckpt_path)  # atomic: a crash before it keeps the previous checkpoint
-            saved_iter, saving = iter_num, False
+            saved_iter, saving, renaming = iter_num, False, None
             if stop:  # a signal came during the save
                 on_signal(stop, None)
         t_log, interval_iters = time.time(), 0  # evaluation time is not training time
@@ -451,7 +460,7 @@ while training:
         left = (max_iters - iter_num) * (time.time() - t_start) / (iter_num - start_iter)  # evals included
         left = min(left, time_budget - train_time) if time_budget > 0 else left
         mfu = flops_per_iter / elapsed / peak if peak else None
-        eta = f"{max(left, 0) / 60:.1f} min" if iter_num > start_iter + 1 else '-'  # one step and step 0's eval: hours
+        eta = f"{max(left, 0) / 60:.1f} min" if iter_num > start_iter + 1 else '-'  # (from one step: far off)
         print0(f"iter {iter_num}/{max_iters} | loss {lossf:.4f} | lr {lr:.2e} | {elapsed * 1000:.0f} ms/iter | "
                f"{tokens_per_iter / elapsed:,.0f} tok/s" + (f" | mfu {mfu:.1%}" if mfu else '') + f" | eta {eta}")
         log(dict(event='train', iter=iter_num, loss=lossf, lr=lr, ms=elapsed * 1000, tok_s=tokens_per_iter / elapsed,
@@ -497,17 +506,13 @@ def write_sample(prompt):
 
 
 if eval_only:
-    best_only = checkpoint['config'].get('always_save_checkpoint') is False
-    print0(f"{ckpt_path} holds the model of iteration {checkpoint['iter_num']}" + (
-        ", the run's best validation estimate (--always_save_checkpoint=False)" if best_only else ''))
+    print0(f"{ckpt_path} holds the model of iteration {checkpoint['iter_num']}")
     full_eval()
 elif sample:
     write_sample(sample)
 else:
     model_iter, model_tokens = iter_num, tokens  # the model the final evaluation scores: the last weights, or
     if saved_iter != iter_num:  # the best-only checkpoint's
-        if ddp:
-            dist.barrier()  # rank 0 has written it
         best = torch.load(ckpt_path, map_location=device, weights_only=True)
         raw_model.load_state_dict(best['model'])
         model_iter, model_tokens = saved_iter, best['tokens']

@@ -3,8 +3,8 @@ seeds 1-3, then their table and curves (results/curves.png). Run from the reposi
 import subprocess
 import sys
 
+import report
 import runner
-import tables
 
 P = "--max_iters=500 --eval_interval=100 --eval_iters=20 --log_interval=100"
 VARIANTS = ('standard', 'coupled', 'euler', 'symplectic-euler', 'euler-mlp', 'coupled-mlp', 'uncoupled', 'invertible')
@@ -25,4 +25,4 @@ if __name__ == '__main__':
         if subprocess.call([sys.executable, f"{runner.ROOT}/prepare_data.py", corpus]):
             sys.exit(f"error: python prepare_data.py {corpus} failed (see above)")
     runner.run(JOBS)
-    tables.report(['runs/laptop'], plot='results/curves.png')
+    report.report(['runs/laptop'], plot='results/curves.png')

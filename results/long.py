@@ -1,13 +1,12 @@
 """Closer to convergence: standard and coupled for 5,000 iterations and standard for 12,000 (2.4x the tokens), seeds
 1-3, then their table and curves (results/long.png), and the tokens standard needs to match coupled, seed by seed.
 Run from the repository root: python results/long.py"""
-import math
 from statistics import mean, stdev
 
+import report
 import runner
-import tables
 from seeds import P
-from tables import bench  # (tables puts the repository's scripts on the path)
+
 
 JOBS = [(f"runs/claims/long/{a}-s{s}", f"{P} --seed={s} --attn={a} --max_iters=5000")
         for s in (1, 2, 3) for a in ('standard', 'coupled')]
@@ -18,12 +17,12 @@ JOBS += [(f"runs/claims/long/standard-2.4x-s{s}", f"{P} --seed={s} --attn=standa
 def tokens_to_match(folder='runs/claims/long'):  # seed s: where standard-2.4x-s's curve reaches coupled-s's final
     ratios, bounds = [], []
     for s in (1, 2, 3):
-        pair = [bench.done(bench.load_runs([f"{folder}/{name}-s{s}"])) for name in ('standard-2.4x', 'coupled')]
+        pair = [report.done(report.load_runs([f"{folder}/{name}-s{s}"])) for name in ('standard-2.4x', 'coupled')]
         if not all(pair):  # a run missing, stopped or diverged: no reading for this seed
             print(f"seed {s}: - (standard-2.4x-s{s} and coupled-s{s} have not both finished)")
             continue
         (ref,), (run,) = pair
-        needed = bench.tokens_to_reach([(e['tokens'], e['val_loss']) for e in ref['evals']],
+        needed = report.tokens_to_reach([(e['tokens'], e['val_loss']) for e in ref['evals']],
                                        run['evals'][-1]['val_loss'])
         if needed is None:  # the curve ends above coupled's final estimate: a lower bound
             bounds.append(ref['final']['tokens'] / run['final']['tokens'])
@@ -39,5 +38,5 @@ def tokens_to_match(folder='runs/claims/long'):  # seed s: where standard-2.4x-s
 
 if __name__ == '__main__':
     runner.run(JOBS)
-    tables.report(['runs/claims/long'], plot='results/long.png')
+    report.report(['runs/claims/long'], plot='results/long.png')
     tokens_to_match()

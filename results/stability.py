@@ -1,8 +1,8 @@
 """Stability: standard, coupled, euler-mlp and uncoupled at learning rates 2e-3 to 2.56e-1 (--min_lr a tenth of each),
 then final perplexity, diverged runs and loss spikes against the rate (results/stability.png). At 2e-3 three
 variants reuse the seed-variance runs (copied). Run from the repository root: python results/stability.py"""
+import report
 import runner
-import tables
 from seeds import JOBS as SEEDS, P
 
 RATES = [("2e-3", "2e-4", (1, 2, 3)), ("4e-3", "4e-4", (1, 2, 3)), ("8e-3", "8e-4", (1, 2, 3)),
@@ -18,4 +18,4 @@ if __name__ == '__main__':
     runner.run([j for j in SEEDS if j[0] in COPIED.values()] + JOBS)
     for dst, src in COPIED.items():
         runner.copy(src, dst)
-    tables.report(['runs/claims/lr'], plot='results/stability.png', sweep='learning_rate')
+    report.report(['runs/claims/lr'], plot='results/stability.png', sweep='learning_rate')
