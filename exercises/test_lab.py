@@ -458,9 +458,7 @@ def test_lab_the_worksheets_formulas_are_the_models():
         for w in (weights[0], weights[1], weights[0]):
             q, k = M.leapfrog(h, q, k, w * dt)
         return q, k
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(INTEGRATORS, 'weighted', Integrator(weighted, True, True, True, order=4, forces=6, vector_ops=12))
-        ratio, _ = order_ratio('weighted')
+    ratio = keeps(weighted, symplectic=True, volume_preserving=True, symmetric=True, order=4)
     assert 14 < ratio < 18, f"the hint card's Yoshida weights `w1 = {w1}`, `w0 = {w0}` give errors {ratio:.1f}x " \
         "smaller per halving of dt, not 2^4"
     polynomial = stated_formula(r"its first-order polynomial is `(.*?)`", pre)
@@ -548,21 +546,6 @@ def test_lab_answer_2_volume_return_symplecticity_hold_their_formulas(lab):
         assert torch.allclose(blocks(drift_J, G), drift), f"the drift's Jacobian is not `{drift_J}`"
         assert (drift.T @ Omega @ drift - Omega).abs().max() < 1e-12
         assert ((kick.T @ Omega @ kick - Omega).abs().max() < 1e-12) == symmetric == bool((G - G.T).abs().max() < 1e-12)
-    # the return: sufficient, not necessary. Leapfrog is symplectic Euler of dt/2 (kick, drift), then its adjoint
-    # (drift, kick); neither half is symmetric; a method composed with its adjoint is
-    assert 'A sufficient condition is that each sub-step is itself symmetric' in answer and 'It is not necessary' in answer
-    h = hamiltonian('leapfrog', nh=1)
-    q, k = qk_pair(nh=1)
-    dt = h.dt.view(-1, 1, 1)
-    half = lambda q, k, dt: M.symplectic_euler(h, q, k, dt / 2)  # noqa: E731  kick, drift
-    adjoint = lambda q, k, dt: (lambda q: (q, k + h.force(q, dt / 2)))(q + dt / 2 * k)  # noqa: E731  drift, kick
-    assert torch.allclose(torch.cat(adjoint(*half(q, k, dt), dt)), torch.cat(h(q, k)), atol=1e-12)
-    for part in (half, adjoint):
-        assert not torch.allclose(torch.cat(part(*part(q, k, dt), -dt)), torch.cat((q, k)), atol=1e-3)
-    # the adjoint of a method is the inverse of its step with -dt; composed with it, the method returns with -dt
-    assert torch.allclose(torch.cat(half(*adjoint(q, k, dt), -dt)), torch.cat((q, k)), atol=1e-12)
-    both = lambda q, k, dt: adjoint(*half(q, k, dt), dt)  # noqa: E731
-    assert torch.allclose(torch.cat(both(*both(q, k, dt), -dt)), torch.cat((q, k)), atol=1e-12)
     # a symplectic Jacobian's singular values pair as s, 1/s (the stretch and squeeze printed); Euler's do not
     assert '`s`, `1/s`' in answer
     stretch, squeeze = re.search(r'a stretch by ([\d.]+) comes with a squeeze by ([\d.]+)', answer).groups()
@@ -570,30 +553,17 @@ def test_lab_answer_2_volume_return_symplecticity_hold_their_formulas(lab):
     assert abs(rows['leapfrog', 'float64'][4] * rows['leapfrog', 'float64'][5] - 1) < 0.01
     assert abs(rows['euler', 'float64'][4] * rows['euler', 'float64'][5] - 1) > 0.5
     # a palindrome of steps that are not exact sub-flows (two Euler steps of dt/2) does not return
-    two_halves = hamiltonian('euler', steps=2, nh=1)
-    assert not torch.allclose(two_halves(*two_halves(q, k), dt=-two_halves.dt)[0], q, atol=1e-3)
+    h = hamiltonian('euler', steps=2, nh=1)
+    q, k = qk_pair(nh=1)
+    assert 'A palindrome alone is not enough' in answer and not torch.allclose(h(*h(q, k), dt=-h.dt)[0], q, atol=1e-3)
     # Euler's det J = det(I + dt^2 Hess V) (Hess V: the Hessian of V, a matrix; V below a unit)
     assert '`det J != 0`' in answer
     det = stated_formula(r"Euler's single step has `det J = (.*?)`", answer)
     h = hamiltonian('euler', hs=4, nh=1)
     x = torch.randn(8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     hess = torch.autograd.functional.hessian(lambda q: h.f.V(q.view(1, 1, 1, 4)).sum(), x[:4])
-    dt = h.dt.item()
-    assert abs(jacobian_det(h, 4) - formula(det, det=torch.linalg.det, I=torch.eye(4, dtype=torch.float64), dt=dt,
-                                            Hess=hess, V=1).item()) < 1e-10, f"Euler's det J is not `{det}`"
-    # undoing Euler means solving the stated equation: it holds at the step's start and end
-    lhs, rhs = re.search(r'solving `(.*?) = (.*?)` for `q`', answer).groups()
-    q1, k1 = h(q[..., :4], k[..., :4])
-    assert torch.allclose(formula(lhs, q=q[..., :4], dt=h.dt.view(-1, 1, 1), F=h.force),
-                          formula(rhs, q1=q1, k1=k1, dt=h.dt.view(-1, 1, 1)), atol=1e-12)
-    # the quadratic potential: Euler's det J is the stated 1 + c dt^2, never 0 for c > 0, 0 at the stated dt for c < 0
-    quadratic = stated_formula(r'the determinant is `(.*?)`', answer)
-    vanishes = stated_formula(r'vanishes at `dt = (.*?)`', answer)
-    for c, dt in ((2.0, 0.3), (2.0, 5.0), (-2.0, 0.3), (-2.0, formula(vanishes, c=-2.0))):
-        h = spring('euler', dt, c=c)
-        J = torch.autograd.functional.jacobian(lambda x: one_d(h, x), torch.tensor([0.7, 0.2], dtype=torch.float64))
-        assert abs(torch.linalg.det(J).item() - formula(quadratic, c=c, dt=dt)) < 1e-12
-    assert abs(formula(quadratic, c=-2.0, dt=formula(vanishes, c=-2.0))) < 1e-12
+    assert abs(jacobian_det(h, 4) - formula(det, det=torch.linalg.det, I=torch.eye(4, dtype=torch.float64),
+                                            dt=h.dt.item(), Hess=hess, V=1).item()) < 1e-10, f"not `det J = {det}`"
     # the model's free force: its Jacobian is the stated A diag(silu'(W q + b)) W, not symmetric; ex2 shows how far off
     torch.manual_seed(0)
     mlp = FORCES['mlp'](1, 4, 6, w_std=1.0).double()
@@ -751,29 +721,18 @@ def test_lab_answer_5_the_learned_model_holds_its_numbers_and_formulas(lab):
         kinetic, force = dt * (k * k).sum(-1), dt * (q * qk.force(q)).sum(-1)  # (n_head, 48) each
     assert 'because there `dt |k_i|^2` outweighs the force term' in answer and (kinetic > -force).all()
     assert ((q1 * k1).sum(-1) > (q * k).sum(-1)).all()  # (and the score itself rises: the 48 of 48 above)
-    # what the nonlinear fraction counts: a shift of k drops out of the softmax with learned positions, not with rope;
-    # one of q never does; the diagnostic's affine fit calls a shift of q linear
-    torch.manual_seed(0)
-    q, k = torch.randn(2, 1, 2, 8, 16).unbind(0)
-    c = torch.randn(16)
-    attention = lambda q, k: (q @ k.transpose(-1, -2)).masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(),
-                                                                   float('-inf')).softmax(-1)
-    rope = M.Rotary(16, 8)
-    assert (attention(q, k + c) - attention(q, k)).abs().max() < 1e-6
-    assert (attention(rope(q, 0), rope(k + c, 0)) - attention(rope(q, 0), rope(k, 0))).abs().max() > 1e-2
-    assert (attention(q + c, k) - attention(q, k)).abs().max() > 1e-2
-
-    class Shift(nn.Module):  # q + c: what c_attn, with no bias, cannot do
-        def forward(self, q, k):
-            return q + 1.0, k
-    model = build('coupled')
-    for blk in model.transformer.h:
-        blk.attn.qk = Shift()
-    assert all(s['nonlinear'] < 1e-6 for s in qk_diagnostics(model, idx_batch(B=16)))
-    assert model.config.bias is False and 'is therefore a lower bound' in answer
 
 
-def test_lab_answer_6_the_template_passes_its_claims_and_the_steps_keep_their_laws_and_costs(lab, monkeypatch):
+def keeps(step, **claims):  # a step's claims (symplectic, volume_preserving, symmetric, order), measured
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(INTEGRATORS, 'claimed', Integrator(step, forces=0, vector_ops=0, **claims))
+        for what in CLAIMS[:-1]:
+            torch.manual_seed(0)  # (the measured order moves with the map's random start)
+            T.test_each_integrator_keeps_what_it_promises_under_the_potential('claimed', what)
+        return order_ratio('claimed')[0]
+
+
+def test_lab_answer_6_the_template_passes_its_claims_and_the_steps_keep_their_laws_and_costs(lab):
     # the template appended: `pytest -k mine` passes its claims and its cost (the cost test among them), and exercise
     # 2 takes it as an argument (as exercise 1 does): its row is leapfrog's
     out = lab_output(lab, 'mine')
@@ -782,45 +741,35 @@ def test_lab_answer_6_the_template_passes_its_claims_and_the_steps_keep_their_la
     rows = exercise_2_rows(lab_output(lab, 2))
     assert rows['mine', 'float64'] == rows['leapfrog', 'float64']
     answer = lab_section(6, lab_text('ANSWERS.md'))
-    # the order law: errors 2^p times smaller as dt halves, for p = 1 (Euler), 2 (leapfrog) and 4 (Runge-Kutta)
-    law = stated_formula(r'errors `(.*?)` times smaller as `dt` halves', answer)
-    monkeypatch.setitem(M.INTEGRATORS, 'rk4', Integrator(rk4, symplectic=False, volume_preserving=False,
-                                                         symmetric=False, order=4, forces=4, vector_ops=26))
-    for name in ('euler', 'leapfrog', 'rk4'):
-        p = INTEGRATORS[name].order
-        ratio, _ = order_ratio(name)
-        assert abs(ratio / formula(law, p=p) - 1) < 0.15, (
-            f"answer 6's errors `{law}` times smaller as dt halves: for {name} (p = {p}) that is {formula(law, p=p)}; "
-            f"the error falls {ratio:.2f}x")
-    # the claims about the steps students pick: drift-kick-drift, Yoshida as written three ways, Runge-Kutta
+    # the claims and costs of the steps students pick: drift-kick-drift, Yoshida written three ways, Runge-Kutta
     assert 'Drift-kick-drift is symplectic, symmetric and of order 2, with one force a step' in answer
-    ops = int(number_in(r'with one force a step and (\d) vector operations', answer))  # "one force": 1
-    monkeypatch.setitem(M.INTEGRATORS, 'dkd', Integrator(lab_step('dkd'), symplectic=True, volume_preserving=True,
-                                                         symmetric=True, order=2, forces=1, vector_ops=ops))
-    for what in CLAIMS[:-1]:
-        T.test_each_integrator_keeps_what_it_promises_under_the_potential('dkd', what)
-    test_lab_each_integrators_declared_cost_is_what_its_step_does('dkd')  # the answer's 1 and 5, counted
+    assert counted_cost(lab_step('dkd')) == (1, number_in(r'with one force a step and (\d) vector operations', answer))
+    keeps(lab_step('dkd'), symplectic=True, volume_preserving=True, symmetric=True, order=2)
     costs = re.search(r'hint card does it costs (\d+) forces and (\d+) vector operations; a student who merges its '
                       r'adjacent half kicks counts (\d+) and (\d+), and one who builds it on drift-kick-drift (\d+) '
                       r'and (\d+)', answer).groups()
     written = (lab_step('yoshida'), yoshida_merged, yoshida_on_dkd)
     assert [counted_cost(step) for step in written] == [tuple(map(int, costs[i:i + 2])) for i in (0, 2, 4)], costs
-    for i, step in enumerate(written[1:]):  # the same step of order 4, written another way
-        monkeypatch.setitem(M.INTEGRATORS, f'written-{i}', Integrator(step, True, True, True, order=4, forces=0,
-                                                                      vector_ops=0))
-        for what in CLAIMS[:-1]:
-            T.test_each_integrator_keeps_what_it_promises_under_the_potential(f'written-{i}', what)
-    assert 'Runge-Kutta step is of order 4 but neither symplectic nor symmetric' in answer
-    for what in CLAIMS[:-1]:
-        T.test_each_integrator_keeps_what_it_promises_under_the_potential('rk4', what)
+    for step in written[1:]:  # the same step of order 4, written another way
+        keeps(step, symplectic=True, volume_preserving=True, symmetric=True, order=4)
     # Runge-Kutta: its state's error falls 2^4 per halving of dt, so the order test (which measures the state's) takes
     # a claim of 4; its energy's error on exercise 1's pendulum falls the stated factor, faster
+    assert 'Runge-Kutta step is of order 4 but neither symplectic nor symmetric' in answer
     falls, claim = re.search(r'measures the state.s error, which falls about (\d+)x per halving of `dt`, so a claim '
                              r'of order (\d) passes', answer).groups()
-    ratio, _ = order_ratio('rk4')
+    ratio = keeps(rk4, symplectic=False, volume_preserving=False, symmetric=False, order=int(claim))
     assert abs(ratio / int(falls) - 1) < 0.1 and int(falls) == 2 ** int(claim)
     factor = number_in(r'its energy error on the pendulum falls about (\d+)x per halving', answer)
-    energy = pendulum_energy_error('rk4', 0.1) / pendulum_energy_error('rk4', 0.05)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(INTEGRATORS, 'rk4', Integrator(rk4, False, False, False, order=4, forces=4, vector_ops=26))
+        energy = pendulum_energy_error('rk4', 0.1) / pendulum_energy_error('rk4', 0.05)
+        # the order law: errors 2^p times smaller as dt halves, for p = 1 (Euler), 2 (leapfrog) and 4 (Runge-Kutta)
+        law = stated_formula(r'errors `(.*?)` times smaller as `dt` halves', answer)
+        for name in ('euler', 'leapfrog', 'rk4'):
+            p, (ratio, _) = INTEGRATORS[name].order, order_ratio(name)
+            assert abs(ratio / formula(law, p=p) - 1) < 0.15, (
+                f"answer 6's errors `{law}` times smaller as dt halves: for {name} (p = {p}) that is "
+                f"{formula(law, p=p)}; the error falls {ratio:.2f}x")
     assert abs(energy / factor - 1) < 0.05 and energy > 1.4 * 2 ** 4  # faster than the order says
     percent = re.search(r"at `dt = 0.1` Euler's scores differ from leapfrog's by (\d+)% of their change", answer)
     assert percent and f"`O(dt^2)`: {percent.group(1)}% of the change at `dt = 0.1`" in lab_section(
