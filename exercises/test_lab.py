@@ -17,15 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's scripts
 import model as M  # noqa: E402
-from model import FORCES, INTEGRATORS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Integrator, qk_diagnostics
+from model import FORCES, INTEGRATORS, GPT, GPTConfig, Hamiltonian, Integrator
 import test_model as T
-from test_model import (CLAIMS, HERE, SMALL, Elementwise, Pendulum, build, counted_and_priced_matmul_flops, entry_map,
-                        hamiltonian, idx_batch, jacobian_det, measure, one_head, one_line_error, qk_pair, run, yoshida)
+from test_model import (CLAIMS, HERE, SMALL, Elementwise, Pendulum, hamiltonian, jacobian_det, measure, one_head,
+                        one_line_error, qk_pair, run, yoshida)
 from test_model import corpus, no_run_outlives_the_tests, seeded  # noqa: F401  (fixtures, shared)
 
 
@@ -586,7 +585,7 @@ def test_lab_answer_3_the_scores_hold_their_formulas(lab):
     q1_exact = stated_formula(r'exactly `q1 = (.*?)`', answer)
     k1_first = stated_formula(r'to first order, `k1 = (.*?)`', answer)
     scores = stated_formula(r'`q1_i \. k1_j = (.*?)` up to', answer)
-    assert f"`q1_i . k1_j = {scores}`" in lab_section(3, lab_text('WORKSHEET.md')), f"the worksheet's scores are not `{scores}`"
+    assert f"`q1_i . k1_j = {scores}`" in lab_section(3, lab_text('WORKSHEET.md')), f"the worksheet's: not `{scores}`"
     residual = {}
     for dt in (0.1, 0.05, 0.025):
         dt_ = torch.full((1,), dt, dtype=torch.float64)
@@ -640,8 +639,6 @@ def test_lab_answer_4_the_linear_regime_holds_its_series_and_growth_laws(lab):
     assert factor == 2 ** power and abs(biased[0] / factor - 1) < 0.05 and abs(slopes[0.5] - power) < 0.1, (
         f"`spread^{power}`, {factor}x per doubling with b != 0: the script gives {biased[0]}x, slope {slopes[0.5]}")
     assert number_in(r'shows ([\d.]+)x at the smallest', answer) == biased[0]
-
-
 
 
 def layer_1_of_the_lab_copy():
@@ -926,8 +923,6 @@ def test_lab_the_glossarys_silu_and_free_force_statements_hold():
     assert sym < 1e-12 and symplectic < 1e-12 and generic_sym > 0.1 and generic_symplectic > 0.1, gaps
 
 
-
-
 def test_lab_scripts_refuse_bad_input_in_one_line(tmp_path):
     # bad arguments, unfit runs and the template misused: one line naming what to do, never a traceback
     def checkpoint(folder, iter_num=2000, **changes):
@@ -935,7 +930,8 @@ def test_lab_scripts_refuse_bad_input_in_one_line(tmp_path):
         config = dataclasses.replace(config, **changes)
         os.makedirs(tmp_path / folder)
         torch.save(dict(model_args=dataclasses.asdict(config), model=GPT(config, verbose=False).state_dict(),
-                        config=dict(dataset='pydocs', max_iters=2000), iter_num=iter_num), tmp_path / folder / 'ckpt.pt')
+                        config=dict(dataset='pydocs', max_iters=2000), iter_num=iter_num),
+                   tmp_path / folder / 'ckpt.pt')
     checkpoint('standard', attn='standard')
     checkpoint('midrun', iter_num=800, attn='standard')
     twice = repository(tmp_path, mine=2)  # the template appended twice
