@@ -60,7 +60,7 @@ def recipe(world_size):
     launch = ('python train.py' if world_size == 1 else f'torchrun --standalone --nproc_per_node={world_size} train.py'
               if world_size <= 8 else f'torchrun --nnodes={world_size // 8} --nproc_per_node=8 --node_rank=$NODE_RANK '
               '--rdzv_backend=c10d --rdzv_endpoint=$FIRST_NODE:29500 train.py')
-    evals = '' if batch == EVAL_BATCH else f' --eval_iters={EVAL_ITERS * EVAL_BATCH // batch}'  # the same 1,280 sequences
+    evals = '' if batch == EVAL_BATCH else f' --eval_iters={EVAL_ITERS * EVAL_BATCH // batch}'  # the same 1,280
     return RECIPE.format(launch=launch, batch=batch, accum=per_rank // batch, evals=evals)
 
 
@@ -104,7 +104,8 @@ def plan(world_size):
     note = (f"Each time is an estimate with three parts: training at {UTILISATION:.0%} of the GPU's bf16 peak (the "
             f"FLOP model), {first_evals} evaluations (each scores {EVAL_ITERS * EVAL_BATCH:,} sequences a split "
             f"{shared}, plus the diagnostics), and about {COMPILE_MINUTES} minutes of compilation. For standard: "
-            + ', '.join(f"{g} {p['train']:.0f} + {p['eval']:.1f} + {p['compile']} min" for g, p in zip(PLAN_GPUS, first))
+            + ', '.join(f"{g} {p['train']:.0f} + {p['eval']:.1f} + {p['compile']} min"
+                        for g, p in zip(PLAN_GPUS, first))
             + '.')
     print('\n' + textwrap.fill(note, 116))
 

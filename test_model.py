@@ -1699,7 +1699,7 @@ def test_offline_named_corpus_fails_in_one_line_and_local_copy_works(tmp_path):
             f'sys.argv = ["prepare_data.py", "pubmed", "--data_dir={tmp_path / "data"}"]; '
             'exec(open("prepare_data.py").read())')
     assert r.returncode != 0 and 'Traceback' not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert '--input=<path to ori_pqal.json>' in r.stderr and not os.path.exists(tmp_path / 'data' / 'pubmed' / 'meta.json')
+    assert '--input=<path to ori_pqal.json>' in r.stderr and not (tmp_path / 'data' / 'pubmed' / 'meta.json').exists()
     blob, items = pubmed_fixture()
     (tmp_path / 'ori_pqal.json').write_bytes(blob)
     r = run('prepare_data.py', 'pubmed', f'--input={tmp_path / "ori_pqal.json"}', f'--data_dir={tmp_path / "data"}')

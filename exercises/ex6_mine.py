@@ -2,7 +2,8 @@
 # table lacks (drift-kick-drift, Yoshida's fourth order, a Runge-Kutta step). A template, not a script: append it to
 # the end of model.py, once:
 #     cat exercises/ex6_mine.py >> model.py          (undo: git checkout model.py)
-# then claim its promises in the Integrator line and check them: python -m pytest -q test_model.py exercises/test_lab.py -k mine
+# then claim its promises in the Integrator line and check them:
+#     python -m pytest -q test_model.py exercises/test_lab.py -k mine
 if 'INTEGRATORS' not in globals():  # run by itself
     raise SystemExit("error: exercises/ex6_mine.py is a template, not a script: append it to model.py with "
                      "`cat exercises/ex6_mine.py >> model.py`, then edit it there")
