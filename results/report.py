@@ -72,10 +72,11 @@ def find_logs(folders):
         for d, _, files in os.walk(top, followlinks=True):
             if 'metrics.jsonl' in files:
                 path = os.path.join(d, 'metrics.jsonl')
-                logs.setdefault(hashlib.sha256(open(path, 'rb').read()).hexdigest(), set()).add(os.path.realpath(path))
+                digest = hashlib.sha256(open(path, 'rb').read()).hexdigest()
+                logs.setdefault(digest, {}).setdefault(os.path.realpath(path), path)  # a folder reached twice: once
     kept = []
     for paths in logs.values():
-        original, *copies = sorted(paths, key=lambda p: (os.stat(p).st_mtime, len(p), p))
+        original, *copies = sorted(paths.values(), key=lambda p: (os.stat(p).st_mtime, len(p), p))
         if copies:
             print(f"note: {', '.join(copies)} {'is a copy' if len(copies) == 1 else 'are copies'} of {original}; "
                   "counted once, as it", file=sys.stderr)
