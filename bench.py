@@ -101,12 +101,12 @@ def plan(world_size):
         print(f"| {name} | `$R {extra} --out_dir=runs/60m/{name}` | {tokens / 1e9:.2f}B | "
               f"{flops_per_token(cfg, T) / 1e9:.3f} | " + ' | '.join(fmt(sum(p.values())) for p in parts) + ' |')
     shared = 'on one GPU' if world_size == 1 else f'shared by {world_size} GPUs'
-    note = (f"Each time is an estimate with three parts: training at {UTILISATION:.0%} of the GPU's bf16 peak (the "
-            f"FLOP model), {first_evals} evaluations (each scores {EVAL_ITERS * EVAL_BATCH:,} sequences a split "
-            f"{shared}, plus the diagnostics), and about {COMPILE_MINUTES} minutes of compilation. For standard: "
+    note = (f"Each time is an estimate, not a measurement. Training is most of it, from the FLOP model at "
+            f"{UTILISATION:.0%} of the GPU's bf16 peak. Then come {first_evals} evaluations, each of "
+            f"{EVAL_ITERS * EVAL_BATCH:,} sequences of each split {shared}, and the diagnostics. Compilation adds "
+            f"about {COMPILE_MINUTES} minutes. The parts for standard are "
             + ', '.join(f"{g} {p['train']:.0f} + {p['eval']:.1f} + {p['compile']} min"
-                        for g, p in zip(PLAN_GPUS, first))
-            + '.')
+                        for g, p in zip(PLAN_GPUS, first)) + '.')
     print('\n' + textwrap.fill(note, 116))
 
 

@@ -2739,7 +2739,7 @@ def test_plan_adds_evaluation_and_compile_to_training_and_says_they_are_estimate
     row = re.search(r'^\| standard \| .*\| ([\d.]+) (min|h) \| [\d.]+ (?:min|h) \|$', r.stdout, re.M)
     assert r.returncode == 0 and float(row.group(1)) == round(sum(bench.plan_minutes(
         cfg, T, 1_310_720_000, 21, 8, bench.GPU_PEAK_FLOPS['NVIDIA H100 80GB HBM3']).values())), r.stdout
-    assert 'Each time is an estimate' in r.stdout and 'compilation' in r.stdout and '21 evaluations' in r.stdout
+    assert 'Each time is an estimate' in r.stdout and 'Compilation' in r.stdout and '21 evaluations' in r.stdout
 
 
 @pytest.fixture(scope='module')
