@@ -457,10 +457,12 @@ while training:
         lossf = check_losses()  # syncs with the device: at log steps only
         elapsed = (time.time() - t_log) / interval_iters  # seconds per iteration, after the sync
         t_log, interval_iters = time.time(), 0
-        left = (max_iters - iter_num) * (time.time() - t_start) / (iter_num - start_iter)  # evals included
+        if iter_num == start_iter + 1:  # the ETA's clock: from here, after step 0's evaluation and the first step
+            t_first = time.time()
+        left = (max_iters - iter_num) * (time.time() - t_first) / max(iter_num - start_iter - 1, 1)  # evals in it
         left = min(left, time_budget - train_time) if time_budget > 0 else left
         mfu = flops_per_iter / elapsed / peak if peak else None
-        eta = f"{max(left, 0) / 60:.1f} min" if iter_num > start_iter + 1 else '-'  # (from one step: far off)
+        eta = f"{max(left, 0) / 60:.1f} min" if iter_num > start_iter + 1 else '-'
         print0(f"iter {iter_num}/{max_iters} | loss {lossf:.4f} | lr {lr:.2e} | {elapsed * 1000:.0f} ms/iter | "
                f"{tokens_per_iter / elapsed:,.0f} tok/s" + (f" | mfu {mfu:.1%}" if mfu else '') + f" | eta {eta}")
         log(dict(event='train', iter=iter_num, loss=lossf, lr=lr, ms=elapsed * 1000, tok_s=tokens_per_iter / elapsed,
