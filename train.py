@@ -17,17 +17,17 @@ from contextlib import nullcontext, suppress
 # Ctrl-C (SIGINT) or SIGTERM: one line, and exit with 128 + the signal's number, from here on (torch's import is
 # slow). A checkpoint being written is finished first (in the loop), unless the signal comes twice.
 master = os.environ.get('RANK', '0') == '0'  # rank 0 logs, saves and speaks
-saving, stop, training, saved_iter, renaming = False, None, False, None, None
+saving, stop_signal, in_loop, saved_iter, renaming = False, None, False, None, None
 
 
 def on_signal(signum, frame):
-    global stop
-    if saving and (stop is None or 'RANK' in os.environ):  # torchrun passes its own signals on: each one waits
-        if stop is None:
+    global stop_signal
+    if saving and (stop_signal is None or 'RANK' in os.environ):  # torchrun passes its own signals on: each one waits
+        if stop_signal is None:
             say("stopping once this checkpoint is written" + " (again: stop now)" * ('RANK' not in os.environ))
-        stop = signum
+        stop_signal = signum
         return
-    at = f" at iteration {iter_num}" if training else ''
+    at = f" at iteration {iter_num}" if in_loop else ''
     say(f"{'interrupted' if signum == signal.SIGINT else 'terminated'}{at}; {resume_hint()}")
     os._exit(128 + signum)  # ckpt.pt and the log stay whole
 
@@ -113,13 +113,14 @@ MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != 'vocab_size']  # ev
 defaults |= {k: getattr(GPTConfig, k) for k in MODEL_KEYS if k not in defaults}
 CHOICES = dict(attn=attn_names(), pos=POS, preset=('', *PRESETS), init_from=('scratch', 'resume'),
                dtype=('auto', 'float32', 'bfloat16', 'float16'))
-LOCAL_KEYS = ('out_dir', 'init_from', 'eval_only', 'device', 'sample', 'sample_tokens', 'preset')  # this command's
+LOCAL_KEYS = ('out_dir', 'init_from', 'eval_only', 'device', 'sample', 'sample_tokens', 'preset')  # never taken from a checkpoint
 
 
 def shutdown(code):  # every exit
     if dist.is_initialized():
         dist.destroy_process_group()
-        sys.stdout.flush(), sys.stderr.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(code)  # skip the interpreter's teardown, where gloo's threads can abort
     sys.exit(code)
 
@@ -169,7 +170,9 @@ if trains and master:  # a run owns its out_dir: train.lock stays locked (flock,
         lock.seek(0)
         die(f"{out_dir}/ is in use by a running train.py ({lock.read().strip()}); wait for it, or train in another "
             "--out_dir")
-    lock.truncate(0), lock.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n"), lock.flush()
+    lock.truncate(0)
+    lock.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    lock.flush()
     if settings['init_from'] == 'scratch' and os.path.exists(ckpt_path):  # a new run never overwrites a checkpoint
         die(f"{out_dir}/ holds a run; continue it with --init_from=resume, or train in another --out_dir")
     log_path = os.path.join(out_dir, 'metrics.jsonl')
@@ -178,7 +181,9 @@ if trains and master:  # a run owns its out_dir: train.lock stays locked (flock,
         os.replace(log_path, kept)
         print(f"note: {log_path} held an earlier attempt's records; kept as {kept}")
 
-checkpoint = None  # resume, eval, sample: every setting no flag gives comes from the checkpoint
+# resume, eval, sample: every setting no flag gives comes from the checkpoint (here); its weights are loaded with the
+# model, and its optimizer, counters and random states after it
+checkpoint = None
 if settings['init_from'] == 'resume' or not trains:
     if not os.path.exists(ckpt_path):
         die(f"no checkpoint at {ckpt_path}; train one first, or point --out_dir at a run")
@@ -190,13 +195,11 @@ if settings['init_from'] == 'resume' or not trains:
     if by_preset:
         clash.append(f"--preset={given['preset']} here ({', '.join(f'{k}={asked[k]}' for k in by_preset)}) but "
                      f"{', '.join(f'{k}={theirs[k]}' for k in by_preset)} in the checkpoint")
-    if trains and given.get('seed', checkpoint['config']['seed']) != checkpoint['config']['seed']:
-        clash.append(f"--seed={given['seed']} here but the run started with seed {checkpoint['config']['seed']}")
     if clash:
         die(f"{ckpt_path} holds a different run: {'; '.join(clash)}; drop those flags, or train in another --out_dir")
     settings |= {k: v for k, v in checkpoint['config'].items() if k in defaults and k not in LOCAL_KEYS + tuple(given)}
     if trains:
-        saved_iter = checkpoint['iter_num']
+        saved_iter = checkpoint['iter_num']  # here already: a Ctrl-C during the setup names it
 config = settings  # saved in the checkpoint
 globals().update(settings)
 
@@ -241,11 +244,12 @@ def to_device(t):  # CUDA: from pinned memory, so the copy does not block the ho
     return t.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else t.to(device)
 
 
-def get_batch(split, gen, part=slice(None), n=None):  # n starts drawn (batch_size by default), part of them built
-    # a new memmap every batch: a long-lived one leaks memory. All n starts are drawn: gen moves on as for the batch
+def get_batch(split, gen, part=slice(None), n=None):
+    # n: how many starts to draw (batch_size by default); part: which of them to build (the evaluation splits a
+    # batch among ranks, and gen moves on as for the whole batch). A new memmap every batch: a long-lived one leaks.
     data = np.memmap(splits[split], dtype=np.uint16, mode='r')
     ix = torch.randint(len(data) - block_size - 1, (n or batch_size,), generator=gen)[part]
-    at = ix.numpy()[:, None] + np.arange(block_size)  # (B, T) positions
+    at = ix.numpy()[:, None] + np.arange(block_size)  # (len(ix), T) positions
     x, y = (torch.from_numpy(data[at + shift].astype(np.int64)) for shift in (0, 1))
     return to_device(x), to_device(y)
 
@@ -376,14 +380,14 @@ if trains:
     log(dict(event='start', iter=iter_num, tokens=tokens, config=config, vocab_size=meta['vocab_size'],
              params=raw_model.get_num_params(), qk_params=sum(p.numel() for p in raw_model.qk_parameters()),
              world_size=world_size, compiled=compiled, fingerprint=meta['fingerprint']))
-start_iter, pending, interval_iters, out_of_time, training = iter_num, [], 0, False, trains
+start_iter, pending, interval_iters, out_of_time, in_loop = iter_num, [], 0, False, trains
 t_start = t_log = time.time()
 batch_state = train_gen.get_state()  # what a checkpoint keeps: the generator before the next batch
 X, Y = get_batch('train', train_gen)
 
 # ---- the loop (eval_only and sample skip it)
 
-while training:
+while trains:
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
         group['lr'] = lr
@@ -393,8 +397,8 @@ while training:
             dist.broadcast(flag, 0)
         out_of_time = bool(flag.item())
     last = iter_num >= max_iters or out_of_time
-    if (iter_num % eval_interval == 0 and (iter_num > start_iter or init_from == 'scratch')) or last:  # (a resume:
-        # its first iteration was evaluated before the save it resumes from)
+    # evaluate and save (a resume's first iteration was evaluated before the save it resumes from)
+    if (iter_num % eval_interval == 0 and (iter_num > start_iter or init_from == 'scratch')) or last:
         if pending:
             check_losses()  # a model gone non-finite is never saved
         losses = estimate_loss()
@@ -427,8 +431,8 @@ while training:
                 renaming = iter_num  # (a second signal's hint: this one, once the .tmp is gone)
                 os.replace(ckpt_path + '.tmp', ckpt_path)  # atomic: a crash before it keeps the previous checkpoint
             saved_iter, saving, renaming = iter_num, False, None
-            if stop:  # a signal came during the save
-                on_signal(stop, None)
+            if stop_signal:  # a signal came during the save
+                on_signal(stop_signal, None)
         t_log, interval_iters = time.time(), 0  # evaluation time is not training time
     if last:
         break
@@ -459,7 +463,7 @@ while training:
         t_log, interval_iters = time.time(), 0
         if iter_num == start_iter + 1:  # the ETA's clock: from here, after step 0's evaluation and the first step
             t_first = time.time()
-        left = (max_iters - iter_num) * (time.time() - t_first) / max(iter_num - start_iter - 1, 1)  # evals in it
+        left = (max_iters - iter_num) * (time.time() - t_first) / max(iter_num - start_iter - 1, 1)  # evals included
         left = min(left, time_budget - train_time) if time_budget > 0 else left
         mfu = flops_per_iter / elapsed / peak if peak else None
         eta = f"{max(left, 0) / 60:.1f} min" if iter_num > start_iter + 1 else '-'
@@ -513,8 +517,9 @@ if eval_only:
 elif sample:
     write_sample(sample)
 else:
-    model_iter, model_tokens = iter_num, tokens  # the model the final evaluation scores: the last weights, or
-    if saved_iter != iter_num:  # the best-only checkpoint's
+    # the model the final evaluation scores: the last weights, or the best-only checkpoint's
+    model_iter, model_tokens = iter_num, tokens
+    if saved_iter != iter_num:
         best = torch.load(ckpt_path, map_location=device, weights_only=True)
         raw_model.load_state_dict(best['model'])
         model_iter, model_tokens = saved_iter, best['tokens']
