@@ -85,7 +85,7 @@ def train(attn, seed):
 
 
 runs = [(attn, seed) for seed in dict.fromkeys(args.seeds) for attn in dict.fromkeys(args.attn)]
-print(f"training {len(runs)} runs, 2 at a time: {', '.join(f'{a}-s{s}' for a, s in runs)}", flush=True)
+print(f"training {len(runs)} run{'s' * (len(runs) != 1)}, 2 at a time: {', '.join(f'{a}-s{s}' for a, s in runs)}", flush=True)
 pool, there = ThreadPoolExecutor(2), []  # the run folders it trained, now or before
 try:
     for run, (ok, line) in zip(runs, pool.map(lambda run: train(*run), runs)):
