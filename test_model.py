@@ -499,16 +499,12 @@ def test_n_leapfrog_steps_pay_2n_forces_and_equal_kick_drift_kick():
     assert torch.equal(q1, q) and torch.equal(k1, k)
 
 
-def test_an_unknown_integrator_or_force_is_an_error_at_construction_and_at_call():
+def test_an_unknown_integrator_or_force_is_an_error_at_construction():
     unknown = new_name('unknown')
     with pytest.raises(ValueError, match='leapfrog'):  # the message lists the names
         Hamiltonian(2, 4, 3, 1, unknown)
     with pytest.raises(ValueError, match=f"force '{unknown}' is unknown; choose one of potential, mlp"):
         Hamiltonian(2, 4, 3, 1, force=unknown)
-    h = hamiltonian('leapfrog')
-    h.integrator = unknown  # set after construction: an error, not a silent fallback to Euler
-    with pytest.raises(ValueError, match=unknown):
-        h(*qk_pair())
 
 
 def test_a_table_refuses_a_taken_name():
@@ -1095,13 +1091,6 @@ def test_a_transform_added_to_the_table_alone_trains_is_costed_and_keeps_its_int
     assert r.returncode == 0 and 1.0 < float(r.stdout) < 1.05, r.stderr  # bench's FLOP model tabulates it
 
 
-def test_an_entry_whose_name_starts_with_diff_is_not_differential_attention(monkeypatch):
-    name = new_name('diffusion')
-    monkeypatch.setitem(QK_TRANSFORMS, name, QK_TRANSFORMS['coupled'])
-    cfg = tiny(name, n_head=3, n_embd=24)  # odd n_head: no sub-head pairs needed
-    assert not cfg.diff and cfg.qk_name == name and tiny('diff+' + name).diff
-    assert not build(name, n_head=3, n_embd=24).transformer.h[0].attn.diff
-
 
 def test_an_entry_without_a_price_is_refused_where_a_price_is_needed_and_trains_without(monkeypatch):
     name = new_name('unpriced')
@@ -1116,14 +1105,6 @@ def test_an_entry_without_a_price_is_refused_where_a_price_is_needed_and_trains_
     assert r.returncode == 1 and f'ValueError: {name} has no FLOP price' in r.stderr, r.stderr  # before any timing
     assert 'bench: preset' not in r.stdout
 
-
-def test_an_unknown_transform_is_an_error_in_the_flop_model_never_a_zero(monkeypatch):
-    cfg = GPTConfig(attn='euler')
-    monkeypatch.delitem(QK_TRANSFORMS, 'euler')
-    with pytest.raises(ValueError, match='euler'):
-        flops_per_token(cfg, 128)
-    with pytest.raises(ValueError, match='euler'):
-        GPTConfig(attn='euler')
 
 
 def counted_and_priced_matmul_flops(name, steps, B=2, T=3, nh=2, hs=8, m=12):
@@ -1465,10 +1446,6 @@ def test_a_run_is_what_python_gives_a_user_and_stops_as_it_does(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         run(*sleeper, timeout=0.5)  # then stopped: SIGTERM, and SIGKILL if that is not enough
 
-
-def test_importing_bench_runs_nothing():  # no timing, no report, no output: bench.py works when run
-    r = run('-c', 'import bench')
-    assert r.returncode == 0 and r.stdout == r.stderr == ''
 
 
 def read_bin(path):
@@ -2778,9 +2755,6 @@ def test_sample_prints_text_from_a_bytes_and_a_gpt2_checkpoint(corpus, wikitext1
     text = gr.stdout.split("tokens after 'The query'):\n")[1]
     import tiktoken
     assert text.startswith('The query') and len(tiktoken.get_encoding('gpt2').encode(text)) >= 12
-    # a prompt that is not UTF-8 (a shell passes bytes): its bytes, printed with replacement characters
-    r = run('train.py', f'--out_dir={b}', b'--sample=\xff\xfe def', '--sample_tokens=8')
-    assert r.returncode == 0 and "after '\ufffd\ufffd def'" in r.stdout, r.stderr[-2000:]
 
 
 REDUCED = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=16', '--batch_size=1',

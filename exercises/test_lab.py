@@ -6,7 +6,6 @@ import dataclasses
 import hashlib
 import importlib
 import itertools
-import json
 import math
 import os
 import re
