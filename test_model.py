@@ -1091,6 +1091,13 @@ def test_a_transform_added_to_the_table_alone_trains_is_costed_and_keeps_its_int
     assert r.returncode == 0 and 1.0 < float(r.stdout) < 1.05, r.stderr  # bench's FLOP model tabulates it
 
 
+def test_an_entry_whose_name_starts_with_diff_is_not_differential_attention(monkeypatch):
+    name = new_name('diffusion')
+    monkeypatch.setitem(QK_TRANSFORMS, name, QK_TRANSFORMS['coupled'])
+    cfg = tiny(name, n_head=3, n_embd=24)  # odd n_head: no sub-head pairs needed
+    assert not cfg.diff and cfg.qk_name == name and tiny('diff+' + name).diff
+    assert not build(name, n_head=3, n_embd=24).transformer.h[0].attn.diff
+
 
 def test_an_entry_without_a_price_is_refused_where_a_price_is_needed_and_trains_without(monkeypatch):
     name = new_name('unpriced')
