@@ -599,10 +599,15 @@ def test_lab_answer_3_the_scores_hold_their_formulas(lab):
     for a, b in ((0.1, 0.05), (0.05, 0.025)):  # both second order: a quarter per halving
         assert all(3.3 < x / y < 4.7 for x, y in zip(residual[a], residual[b])), (
             f"`q1_i . k1_j = {scores}` and `k1 = {k1_first}` must leave O(dt^2): {residual}")
-    rows, _ = exercise_3_rows(lab_output(lab, 3))
-    percent, at = re.search(r'`O\(dt\^2\)`: (\d+)% of the change at `dt = ([\d.]+)`', answer).groups()
+    rows, slopes = exercise_3_rows(lab_output(lab, 3))
+    said = re.search(r'integrators differ by `O\(dt\^(\d+)\)`: (\d+)% of the change at `dt = ([\d.]+)`', answer)
+    assert said, "answer 3 no longer says 'the two integrators differ by `O(dt^p)`: N% of the change at `dt = ...`'"
+    power, percent, at = said.groups()
+    assert int(power) == round(slopes[2]), (
+        f"answer 3: Euler and leapfrog differ by `O(dt^{power})`; exercise 3 measures a slope of {slopes[2]}")
     row = next(row for row in rows if row[0] == float(at))
-    assert abs(100 * row[3] / row[1] - int(percent)) < 0.5
+    assert abs(100 * row[3] / row[1] - int(percent)) < 0.5, (
+        f"answer 3: {percent}% of the change at dt = {at}; exercise 3 gives {100 * row[3] / row[1]:.1f}%")
 
 
 def test_lab_answer_4_the_linear_regime_holds_its_series_and_growth_laws(lab):
