@@ -31,8 +31,6 @@ parser.add_argument('--runs', default=os.path.join('runs', 'lab'))
 argv = sys.argv[1:]
 cut = argv.index('--') if '--' in argv else len(argv)  # after --: train.py's flags
 args, flags = parser.parse_args(argv[:cut]), [*PROTOCOL.split(), *argv[cut + 1:]]
-if min(args.seeds) < 0:
-    sys.exit(f"error: --seeds {min(args.seeds)}: a seed is 0 or more, e.g. --seeds 1 2 3")
 ours = sorted({f.split('=')[0] for f in flags} & {'--attn', '--seed', '--out_dir', '--init_from'})
 if ours:  # the folder's name says what trained it
     sys.exit(f"error: {', '.join(ours)} after -- would train another run than its folder names; name variants as "
@@ -85,7 +83,8 @@ def train(attn, seed):
 
 
 runs = [(attn, seed) for seed in dict.fromkeys(args.seeds) for attn in dict.fromkeys(args.attn)]
-print(f"training {len(runs)} run{'s' * (len(runs) != 1)}, 2 at a time: {', '.join(f'{a}-s{s}' for a, s in runs)}", flush=True)
+print(f"training {len(runs)} run{'s' * (len(runs) != 1)}, 2 at a time: {', '.join(f'{a}-s{s}' for a, s in runs)}",
+      flush=True)
 pool, there = ThreadPoolExecutor(2), []  # the run folders it trained, now or before
 try:
     for run, (ok, line) in zip(runs, pool.map(lambda run: train(*run), runs)):
