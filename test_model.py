@@ -2082,8 +2082,8 @@ def test_G1_ctrl_c_during_an_evaluation_or_a_sample(corpus, tmp_path, when):
     flag = tmp_path / 'evaluating'
     patch = SLOW_EVAL.replace('FLAG', repr(str(flag)))
     if when == 'sample':
-        patch = patch.replace('numpy.fromfile = slow_fromfile', 'import model\nmodel.GPT.generate = '
-                              'lambda *a, **k: (pathlib.Path(FLAG).touch(), time.sleep(4))'.replace('FLAG', repr(str(flag))))
+        slow_generate = 'lambda *a, **k: (pathlib.Path(FLAG).touch(), time.sleep(4))'.replace('FLAG', repr(str(flag)))
+        patch = patch.replace('numpy.fromfile = slow_fromfile', f'import model\nmodel.GPT.generate = {slow_generate}')
     extra = {'final evaluation': ['--max_iters=4', '--eval_interval=2'], 'eval_only': ['--eval_only=True'],
              'sample': ['--sample=The ']}[when]
     p = patched_train(corpus, out, patch, *extra, popen=True)

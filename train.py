@@ -113,7 +113,8 @@ MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != 'vocab_size']  # ev
 defaults |= {k: getattr(GPTConfig, k) for k in MODEL_KEYS if k not in defaults}
 CHOICES = dict(attn=attn_names(), pos=POS, preset=('', *PRESETS), init_from=('scratch', 'resume'),
                dtype=('auto', 'float32', 'bfloat16', 'float16'))
-LOCAL_KEYS = ('out_dir', 'init_from', 'eval_only', 'device', 'sample', 'sample_tokens', 'preset')  # never taken from a checkpoint
+# this command's own: never taken from a checkpoint
+LOCAL_KEYS = ('out_dir', 'init_from', 'eval_only', 'device', 'sample', 'sample_tokens', 'preset')
 
 
 def shutdown(code):  # every exit

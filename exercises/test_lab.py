@@ -39,7 +39,8 @@ def dkd(h, q, k, dt):  # drift-kick-drift: 1 force, 5 vector ops a step
 '''  # exercise 6's reference step: its Look for states what exercise 1 prints for it, and its cost
 ADD_DKD = (f"import sys; sys.path.insert(0, {HERE!r}); import model\n"  # the reference as the student's `mine`
            f"exec({DKD_STEP!r}, vars(model))\n"
-           "model.INTEGRATORS['mine'] = model.Integrator(model.dkd, True, True, True, order=2, forces=1, vector_ops=5)\n")
+           "model.INTEGRATORS['mine'] = model.Integrator(model.dkd, True, True, True, order=2, forces=1,"
+           " vector_ops=5)\n")
 LAB_RUNS = {  # name: (script and its arguments, python run first)
     1: (('ex1_pendulum.py',), ''), 2: (('ex2_jacobian.py', 'mine'), ADD_MINE),
     6: (('ex1_pendulum.py', 'leapfrog', 'mine'), ADD_DKD),
@@ -530,8 +531,9 @@ def test_lab_answer_2_volume_return_symplecticity_hold_their_formulas(lab):
     n, dt = 4, 0.3
     I, Omega = torch.eye(n, dtype=torch.float64), torch.zeros(2 * n, 2 * n, dtype=torch.float64)
     Omega[:n, n:], Omega[n:, :n] = I, -I
-    blocks = lambda text, G: torch.cat([torch.cat([b if torch.is_tensor(b) else b * I for b in row], 1) for row in  # noqa
-                                       formula(text.replace('dF/dq', 'G'), I=I, dt=dt, G=G)], 0)
+    def blocks(text, G):  # the block matrix a formula states, with I and G = dF/dq
+        rows = formula(text.replace('dF/dq', 'G'), I=I, dt=dt, G=G)
+        return torch.cat([torch.cat([b if torch.is_tensor(b) else b * I for b in row], 1) for row in rows], 0)
     x = torch.randn(2 * n, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     assert '`dF/dq = -Hess V`' in answer and 'The drift is always symplectic' in answer
     for force, symmetric in (('potential', True), ('mlp', False)):

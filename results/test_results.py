@@ -11,8 +11,9 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import report  # noqa: E402
+from test_model import run, tabulate  # noqa: E402  (the repository's tests: one harness)
 
 
 def log_records(folder, *records):
@@ -58,17 +59,6 @@ def resume_run(folder, cfg, at, evals, final_ppl=None, world_size=1, **changes):
 
 def layers(*xs):
     return [dict(entropy=e, sink=s, gap=g) for e, s, g in xs]
-
-
-def tabulate(capsys, *args):
-    """python results/report.py ARGS in this process: (exit code, stdout, stderr)."""
-    try:
-        report.main([str(a) for a in args])
-        code = 0
-    except SystemExit as e:  # sys.exit('error: ...'): Python prints the line and exits with 1
-        code = print(e.code, file=sys.stderr) or 1 if isinstance(e.code, str) else e.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def table(stdout, title=None):  # {variant: cells} of the results table, or of the table after `title`
@@ -366,7 +356,6 @@ def test_tokens_to_match_reads_the_seeds_whose_pair_finished_and_bounds_what_nev
 
 
 def test_G4_a_section_script_takes_no_arguments_and_starts_no_run_when_given_some(tmp_path):
-    from test_model import run  # a fork of this process: torch imported already
     for script, args, code, words in (('long.py', ['--help'], 0, 'Closer to convergence'),
                                       ('long.py', ['now'], 1, 'long.py takes no arguments'),
                                       ('sizes.py', ['-n'], 1, 'sizes.py takes no arguments'),
