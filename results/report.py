@@ -9,8 +9,9 @@ the sweep).
   python results/report.py runs/claims/lr --sweep=learning_rate --plot=stability.png
 
 A run is a folder with a metrics.jsonl, labelled by its name less '-s<seed>' (coupled-s2: coupled). It counts once,
-copies of it too, under the name of the copy made first. A run that failed (a loss that is not finite, or not below ln(vocabulary size), a uniform guess)
-is counted in its row and never averaged. Runs that differ in model, training or corpus are never one row.
+copies of it too, under the name of the copy made first. A run that failed (a loss that is not finite, or not below
+ln(vocabulary size), a uniform guess) is counted in its row and never averaged. Runs that differ in model, training
+or corpus are never one row.
 """
 import argparse
 import hashlib
