@@ -136,6 +136,8 @@ class FreeForce(HeadMLP):
         nn.init.normal_(self.a, std=(w_std or 1 / math.sqrt(head_size)) / (2 * math.sqrt(hidden)))
 
 
+# Forces: cls(n_head, head_size, hidden, w_std=None); forward(q, scale) is scale F(q); gradient: F = -grad V;
+# flops(hs, m): (matmul, elementwise) FLOPs of one call per token and head, m hidden units
 FORCES = Table({'potential': Potential, 'mlp': FreeForce}, 'force')
 
 
