@@ -178,7 +178,8 @@ class Hamiltonian(nn.Module):
         super().__init__()
         self.f = FORCES[force](n_head, head_size, hidden, w_std=w_std)
         self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
-        self.steps, self.integrator = steps, INTEGRATORS[integrator] and integrator  # an unknown name fails here
+        INTEGRATORS[integrator]  # an unknown name fails here, not at the first step
+        self.steps, self.integrator = steps, integrator
 
     def force(self, q, scale=1.0):  # scale F(q); a subclass may change it (exercise 1)
         return self.f(q, scale)

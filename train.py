@@ -310,8 +310,12 @@ if checkpoint and trains:
         print0(f"note: the checkpoint was trained by {checkpoint['world_size']} process(es), this run has "
                f"{world_size}: its batches are drawn anew (seed {seed}), not as one run would go on")
     print0(f"resuming from {ckpt_path} at iteration {iter_num} ({train_time:.0f} s trained)")
-peak = peak_flops(device)  # for MFU; None: not known
-flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter / world_size if peak else None
+peak, flops_per_iter = peak_flops(device) if trains else None, None  # for MFU; None: not known
+if peak:
+    try:
+        flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter / world_size
+    except ValueError as e:  # a variant without a FLOP price (flops=None)
+        die(str(e))
 
 
 def perplexity(loss):  # inf for a diverged run, not an OverflowError
@@ -377,14 +381,14 @@ def get_lr(it):
 
 print0(f"{dataset}: {meta['vocab_size']} token vocabulary ({meta['tokenizer']}); {tokens_per_iter:,} tokens per "
        f"iteration; device {device}, {dtype}, {'compiled' if compiled else 'eager'}, {world_size} process(es)")
+start_iter, pending, interval_iters, out_of_time, in_loop = iter_num, [], 0, False, trains
+t_start = t_log = time.time()
 if trains:
     log(dict(event='start', iter=iter_num, tokens=tokens, config=config, vocab_size=meta['vocab_size'],
              params=raw_model.get_num_params(), qk_params=sum(p.numel() for p in raw_model.qk_parameters()),
              world_size=world_size, compiled=compiled, fingerprint=meta['fingerprint']))
-start_iter, pending, interval_iters, out_of_time, in_loop = iter_num, [], 0, False, trains
-t_start = t_log = time.time()
-batch_state = train_gen.get_state()  # what a checkpoint keeps: the generator before the next batch
-X, Y = get_batch('train', train_gen)
+    batch_state = train_gen.get_state()  # what a checkpoint keeps: the generator before the next batch
+    X, Y = get_batch('train', train_gen)
 
 # ---- the loop (eval_only and sample skip it)
 

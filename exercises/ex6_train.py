@@ -65,9 +65,10 @@ def train(attn, seed):
     stamp = os.path.join(out, 'launched.txt')  # what this launcher started there
     if os.path.exists(out) and not (os.path.exists(stamp) and open(stamp).read() == ' '.join(command)):
         return False, f"{out}: holds a run this launcher did not start; left alone: move it, or name another --runs"
-    if ended(out):
+    end = ended(out)
+    if end:
         return True, f"{out}: trained already with this step and these flags, kept" + " (it diverged)" * (
-            ended(out) == 'diverged')
+            end == 'diverged')
     resume = os.path.exists(os.path.join(out, 'ckpt.pt'))  # a run cut short
     os.makedirs(out, exist_ok=True)
     open(stamp, 'w').write(' '.join(command))

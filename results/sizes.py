@@ -3,6 +3,7 @@
 and at small (6 x 384), standard's learning rate is picked from 1e-3, 2e-3 and 4e-3 with seed 1 (min_lr a tenth),
 and both variants train at it. Then the table and the picture (results/sizes.png).
 Run from the repository root, after results/paper_corpora.py: python results/sizes.py"""
+import functools
 import math
 from statistics import mean, stdev
 
@@ -23,10 +24,11 @@ def run(size, lr, attn, seed):  # (out_dir, flags)
 PICK = [run(size, lr, 'standard', 1) for size in ('small', 'middle') for lr in RATES]  # the slowest first
 
 
+@functools.cache  # once its three runs have finished (runner.run(PICK) waits for them), the pick stays
 def picked(size):  # the rate of standard's best seed-1 run at this size: its lowest full-split val perplexity
     ppl = {}
     for lr in RATES:
-        final = report.done(report.load_runs([run(size, lr, 'standard', 1)[0]]))
+        final = report.load_runs([run(size, lr, 'standard', 1)[0]])  # a failed run: inf, never picked
         if final:
             ppl[lr] = final[0]['final']['val_ppl']
     return min(ppl, key=ppl.get) if len(ppl) == len(RATES) else None
