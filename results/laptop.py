@@ -1,7 +1,5 @@
 """Results at laptop scale: 99 runs of 500 iterations (standard-matched 610, standard-2.4x 1,200), three corpora,
 seeds 1-3, then their table and curves (results/curves.png). Run from the repository root: python results/laptop.py"""
-import subprocess
-import sys
 
 import report
 import runner
@@ -21,8 +19,7 @@ JOBS += [(f"runs/laptop/pydocs/{n}-s{s}", f"--dataset=pydocs --seed={s} {P} {fla
 
 if __name__ == '__main__':
     runner.start()
-    for corpus in ('pydocs', 'shakespeare', 'web'):  # prepare_data.py keeps finished work
-        if subprocess.call([sys.executable, f"{runner.ROOT}/prepare_data.py", corpus]):
-            sys.exit(f"error: python prepare_data.py {corpus} failed (see above)")
+    for corpus in ('pydocs', 'shakespeare', 'web'):
+        runner.prepare(corpus)
     runner.run(JOBS)
     report.report(['runs/laptop'], plot='results/curves.png')

@@ -3,7 +3,6 @@ iterations, seeds 1-3) on WikiText and PubMed, then their table. WikiText here i
 split (wiki.test.raw), read from $CORPORA_DIR/wikitext-2-raw/; PubMed is prepare_data.py's built-in `pubmed`.
 Run from the repository root: CORPORA_DIR=<folder> python results/paper_corpora.py"""
 import os
-import subprocess
 import sys
 
 import report
@@ -26,10 +25,8 @@ def prepare():  # prepare_data.py keeps finished work
         sys.exit(f"error: no {wiki}; set CORPORA_DIR to a folder that holds wikitext-2-raw/wiki.test.raw, the raw "
                  "text of WikiText-2's test split")
     pubmed = os.path.join(corpora, 'pubmed', 'ori_pqal.json')  # else downloaded
-    for args in ([f'--input={wiki}', '--name=wikitext', '--tokenizer=bytes'],
-                 ['pubmed'] + [f'--input={pubmed}'] * os.path.isfile(pubmed)):
-        if subprocess.call([sys.executable, 'prepare_data.py', *args]):
-            sys.exit(f"error: python prepare_data.py {' '.join(args)} failed (see above)")
+    runner.prepare(f'--input={wiki}', '--name=wikitext', '--tokenizer=bytes')
+    runner.prepare('pubmed', *[f'--input={pubmed}'] * os.path.isfile(pubmed))
 
 
 if __name__ == '__main__':

@@ -19,6 +19,11 @@ def finished(out_dir):
         return False
 
 
+def prepare(*args):  # python prepare_data.py ARGS (it keeps finished work); a failure stops the script
+    if subprocess.call([sys.executable, os.path.join(ROOT, 'prepare_data.py'), *args]):
+        sys.exit(f"error: python prepare_data.py {' '.join(args)} failed (see above)")
+
+
 def train(job):
     out_dir, flags = job
     os.makedirs(os.path.dirname(out_dir), exist_ok=True)
