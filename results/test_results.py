@@ -13,7 +13,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import report  # noqa: E402
-from test_model import run, tabulate  # noqa: E402  (the repository's tests: one harness)
+from conftest import run, tabulate  # noqa: E402  (the repository's tests: one harness)
 
 
 def log_records(folder, *records):
@@ -162,11 +162,14 @@ def test_G3_each_run_is_counted_once_under_its_own_name_whatever_copies_it(tmp_p
     os.link(runs / 'coupled-s1' / 'metrics.jsonl', runs / 'coupled-s3' / 'metrics.jsonl')  # a hard link
     shutil.copytree(runs / 'coupled-s2', runs / 'coupled-s2.bak')  # cp -r: a copy, sorted before the original
     os.symlink(runs / 'coupled-s2', tmp_path / 'latest')  # a run reached twice
+    shutil.copytree(runs / 'coupled-s1', runs / 's1')  # cp -a: its times kept, and a shorter name
     code, out, err = tabulate(capsys, runs, tmp_path / 'latest')
     assert code == 0 and out == clean, out  # as without the copies
     assert f"{runs / 'coupled-s2.bak' / 'metrics.jsonl'} is a copy of {runs / 'coupled-s2' / 'metrics.jsonl'}; " \
            "counted once, as it" in err
-    assert f"is a copy of {runs / 'coupled-s1' / 'metrics.jsonl'}" in err  # the link: named by the oldest file
+    # the link and cp -a's copy: counted as the folder whose name says what the log records (coupled, seed 1)
+    assert f"{runs / 's1' / 'metrics.jsonl'}, {runs / 'coupled-s3' / 'metrics.jsonl'} are copies of " \
+           f"{runs / 'coupled-s1' / 'metrics.jsonl'}" in err, err
 
 
 def test_G3_a_failed_run_is_counted_never_averaged_nor_drawn(tmp_path, capsys, monkeypatch):
