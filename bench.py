@@ -4,7 +4,7 @@ KV cache) next to the FLOP model's ratio; the GPU recipe and the check to run on
 
   python bench.py                                     # standard vs coupled, small preset, CPU-friendly
   python bench.py --preset=60m --batch_size=4 --block_size=256 --attn=standard,coupled,euler,uncoupled
-  python bench.py --preset=60m --device=cuda --compile=True --dtype=bfloat16 --batch_size=16 --block_size=1024
+  python bench.py --preset=60m --device=cuda --compile=True --batch_size=16 --block_size=1024
   python bench.py --plan --world_size=8               # the GPU recipe: commands, tokens, GPU time (for 8 GPUs)
   python bench.py --gpu_check                         # on one GPU, ~3 minutes: the recipe's step, eager and compiled
 
@@ -24,7 +24,8 @@ from statistics import median
 import torch
 from torch._dynamo.utils import counters
 
-from model import GPU_PEAK_FLOPS, PRESETS, GPT, CausalSelfAttention, GPTConfig, attn_names, flops_per_token, peak_flops
+from model import (GPU_PEAK_FLOPS, PRESETS, GPT, CausalSelfAttention, GPTConfig, attn_names, autocast_dtype,
+                   flops_per_token, peak_flops, qk_flags_read)
 
 MODES = ('train', 'forward', 'generate')
 
@@ -40,7 +41,7 @@ def flop_ratio(cfg, T):  # the FLOP model: cfg's variant over standard attention
 
 RECIPE = ("{launch} --preset=60m --dataset=wikitext103 --block_size=512 --batch_size={batch} "
           "--gradient_accumulation_steps={accum} --learning_rate=6e-4 --min_lr=6e-5 --warmup_iters=1000 "
-          "--max_iters=20000 --eval_interval=1000{evals} --dtype=bfloat16 --compile=True")
+          "--max_iters=20000 --eval_interval=1000{evals} --compile=True")
 SEQUENCES_PER_STEP = 128
 RECIPE_RUNS = [('standard', '--attn=standard'), ('coupled', '--attn=coupled'), ('euler', '--attn=euler'),
                ('uncoupled', '--attn=uncoupled'), ('coupled-steps7', '--attn=coupled --qk_steps=7'),
@@ -128,15 +129,16 @@ def why(e):  # an exception, in a few words
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]}"
 
 
-def timing(args, variants, modes, device):
-    """Time every (variant, mode), interleaved; returns {(variant, mode): record}."""
+def timing(args, variants, modes, device, sync_check=False):
+    """Time every (variant, mode), interleaved; returns {(variant, mode): record}. sync_check (CUDA): a host sync in a
+    timed step raises, after the models are built and warmed up (where copies to the GPU and compiling sync)."""
     cuda = device.startswith('cuda')
     dtype = getattr(torch, args.dtype)
     autocast = torch.autocast(device.split(':')[0], dtype=dtype) if dtype != torch.float32 else nullcontext()
     B, T = args.batch_size, args.block_size
     gen_block = max(T, args.new_tokens + 1)  # generation never refills the cache window
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    peak_flop = peak_flops(device)  # for MFU; None: unknown
+    peak_flop = peak_flops(device, args.dtype)  # for MFU; None: unknown
 
     models, flop = {}, {}
     for v in variants:  # standard first
@@ -190,6 +192,8 @@ def timing(args, variants, modes, device):
             compiled[v] |= counters['stats']['unique_graphs'] > graphs and models[v][1] is not models[v][0]
         warm = time.perf_counter() - start
         times, peak = {v: [] for v in variants}, {}
+        if sync_check:
+            torch.cuda.set_sync_debug_mode('error')  # until the timed rounds end (torch.cuda.synchronize is allowed)
         for r in range(iters):  # A B B A ...: drift in machine speed, and going first, hit all alike
             for v in (variants if r % 2 == 0 else variants[::-1]):
                 if cuda:
@@ -204,6 +208,8 @@ def timing(args, variants, modes, device):
             spent = time.perf_counter() - start
             print(f"  {mode}: round {r + 1}/{iters} | warm-up {warm:.0f} s | {spent:.0f} s so far, about "
                   f"{(spent - warm) / (r + 1) * (iters - r - 1):.0f} s left", flush=True)
+        if sync_check:
+            torch.cuda.set_sync_debug_mode('default')
         ntok = args.new_tokens if mode.startswith('generate') else B * T
         for v in variants:
             ms = 1000 * median(times[v])
@@ -264,12 +270,12 @@ def qk_bf16_error(device, attn='coupled', batch_size=2, block_size=512):
 
 
 def gpu_check(args, device):
-    """The recipe's training step (60m, GPT-2 vocabulary, 32 x 512 tokens, bf16) timed eager and compiled, standard
-    and coupled, with MFU; diff's two SDPA layouts; the q/k map in bf16 against float32. Random tokens: offline."""
+    """The recipe's training step (60m, GPT-2 vocabulary, 32 x 512 tokens, bf16 or fp16) timed eager and compiled,
+    standard and coupled, with MFU; diff's two SDPA layouts; the q/k map in bf16 against float32. Random tokens."""
     t_start, name = time.time(), torch.cuda.get_device_name(device) if device.startswith('cuda') else device
     cfg = GPTConfig(vocab_size=args.vocab_size, **PRESETS[args.preset])
     flop = flops_per_token(cfg, args.block_size) * args.batch_size * args.block_size  # one training step
-    peak = peak_flops(device)
+    peak = peak_flops(device, args.dtype)
     steps = 4 * (max(args.warmup, 1) + args.iters)  # (standard, coupled, diff one call, diff split) x eager, compiled
     print(f"gpu check: {name}, preset {args.preset}, {args.batch_size} x {args.block_size} tokens, vocabulary "
           f"{args.vocab_size}, {args.dtype}; {flop / 1e12:.1f} TFLOP a step. Estimate: {2 * steps} steps"
@@ -290,11 +296,10 @@ def gpu_check(args, device):
     records.append(res[('coupled', 'train')] | dict(attn='coupled (qk_steps=7)'))
     print(f"coupled --qk_steps=7 / standard, eager: {res[('coupled', 'train')]['ratio_vs_standard']:.3f}")
     args.qk_steps = 1
-    if device.startswith('cuda'):  # a few steps where any device-to-host sync is an error (CUDA only)
+    if device.startswith('cuda'):  # a timed step where any device-to-host sync is an error (CUDA only)
         args.iters, iters = 1, args.iters
-        torch.cuda.set_sync_debug_mode('error')
         try:
-            timing(args, ['standard', 'coupled'], ['train'], device)
+            timing(args, ['standard', 'coupled'], ['train'], device, sync_check=True)
             print("sync debug mode 'error': a training step of standard and coupled makes no host sync")
         except RuntimeError as e:
             print(f"sync debug mode 'error': a host sync in a training step ({why(e)})")
@@ -345,21 +350,22 @@ def main():
     p.add_argument('--iters', type=int, default=6, help='timed rounds per (variant, mode); generation: fewer')
     p.add_argument('--warmup', type=int, default=3, help='untimed rounds first (CPU: the heap settles)')
     p.add_argument('--device', default='auto')
-    p.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'], help='default float32 (--gpu_check: bf16)')
+    p.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'],
+                   help="default float32 (--gpu_check: bf16 where the GPU has it natively, else float16)")
     p.add_argument('--compile', default='False', choices=['True', 'False'])
     p.add_argument('--json_out', help='a JSON record per (variant, mode) into this file')
     p.add_argument('--plan', action='store_true', help="print the paper's 60M ablation as GPU commands with their cost")
     p.add_argument('--world_size', type=int, default=1, help='--plan: GPUs in all (8 a node)')
     p.add_argument('--gpu_check', action='store_true', help="the recipe's training step on one CUDA GPU (60m, "
-                   "32 x 512 tokens, bf16), eager and compiled, with MFU")
+                   "32 x 512 tokens, bf16 or fp16), eager and compiled, with MFU")
     args = p.parse_args()
     if args.plan:
         if SEQUENCES_PER_STEP % args.world_size or not (args.world_size <= 8 or args.world_size % 8 == 0):
             p.error(f"--world_size={args.world_size}: the recipe's {SEQUENCES_PER_STEP} sequences per step split "
                     "evenly over 1, 2, 4, 8, 16, 32, 64 or 128 GPUs")
         return plan(args.world_size)
-    gpu = dict(preset='60m', dtype='bfloat16', batch_size=32, block_size=512) if args.gpu_check else {}
-    for k, default in dict(preset='small', dtype='float32', batch_size=4, block_size=256).items():
+    gpu = dict(preset='60m', batch_size=32, block_size=512) if args.gpu_check else {}
+    for k, default in dict(preset='small', batch_size=4, block_size=256).items():
         if getattr(args, k) is None:  # a flag wins, then the GPU check's shape, then the CPU-friendly one
             setattr(args, k, gpu.get(k, default))
     variants, modes = args.attn.split(','), args.mode.split(',')
@@ -368,6 +374,14 @@ def main():
             if x not in known:
                 p.error(f"--{flag}: {x!r} is not one of {', '.join(known)}")
     variants = ['standard'] + [v for v in variants if v != 'standard']  # first: every ratio is against it
+    for flag, default in (('qk_steps', 1), ('qk_hidden', GPTConfig.qk_hidden)):
+        if getattr(args, flag) != default and not any(flag in qk_flags_read(v) for v in variants):
+            p.error(f"--attn={args.attn} reads no --{flag}; drop it, or choose a variant that reads it")
+    for v in variants:
+        try:
+            GPTConfig(attn=v, qk_steps=args.qk_steps, qk_hidden=args.qk_hidden, **PRESETS[args.preset])
+        except ValueError as e:  # e.g. --qk_steps=8
+            p.error(str(e))
     device = args.device if args.device != 'auto' else 'cuda' if torch.cuda.is_available() else 'cpu'
     if args.gpu_check and not torch.cuda.is_available():
         p.error("--gpu_check needs a CUDA GPU and there is none here; on a CPU, time a step with python bench.py "
@@ -375,6 +389,7 @@ def main():
     if not {'cpu': True, 'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}.get(
             device.split(':')[0]):
         p.error(f"--device={device} is unknown, or not available here; use auto, cpu, cuda[:N] or mps")
+    args.dtype = args.dtype or (autocast_dtype(device) if args.gpu_check else 'float32')
     torch.set_float32_matmul_precision('high')  # float32 matmuls on TF32 tensor cores (Ampere on)
     if not device.startswith('cuda'):
         keep_freed_memory()

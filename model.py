@@ -68,15 +68,19 @@ class GPTConfig:
 # ----------------------------------------------------------------------------------------------------------------
 # q/k transforms. Each maps q, k of shape (B, nh, T, hs) per head and per token: positions never mix.
 
-class Table(dict):  # an unknown name is an error, never a default; a taken one is refused
-    def __init__(self, entries, what=None):
+class Table(dict):  # an unknown name is an error, never a default; a taken one is refused, and so is a reserved one
+    def __init__(self, entries, what=None, reserved=None):
         super().__init__(entries)
         self.what = what or entries.what  # what a name names (a copy, Table(table), keeps it)
+        self.reserved = reserved if reserved is not None else getattr(entries, 'reserved', ())
 
     def __missing__(self, name):
         raise ValueError(f"{self.what} {name!r} is unknown; choose one of {', '.join(self)}")
 
     def __setitem__(self, name, value):  # `del TABLE[name]` first to replace a built-in on purpose
+        if name in self.reserved or self.reserved and '+' in name:  # what --attn would read as its own words
+            raise ValueError(f"{self.what} {name!r}: --attn reads {', '.join(self.reserved)} and '+' itself; give "
+                             "yours another name")
         if name in self:
             raise ValueError(f"{self.what} {name!r} is taken; give yours another name")
         super().__setitem__(name, value)
@@ -273,7 +277,7 @@ QK_TRANSFORMS = Table({
     'invertible': QKTransform(Invertible, lambda c: {}, lambda m: max(1, round(0.4 * m)),
                               lambda hs, h, n: (n * 12 * h * hs, n * (4 * h + 8 * hs)),
                               False, False, False, order=None, identity_at_zero=False),
-}, 'q/k transform')
+}, 'q/k transform', reserved=('standard', 'diff'))  # --attn's own words: never an entry's name, nor '+'
 
 
 def attn_names():  # every --attn value, read from the table when asked (an entry added later counts)
@@ -288,6 +292,13 @@ def takes(cls):  # the QK_FLAGS arguments cls's constructor names (all, with **k
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return set(QK_FLAGS)
     return set(QK_FLAGS) & set(params)
+
+
+def qk_flags_read(attn):  # the q/k flags --attn=attn reads: its map's QK_FLAGS, and --qk_decay (standard, diff: none)
+    name = attn.split('+')[-1]
+    if name in ('standard', 'diff'):
+        return set()
+    return {QK_FLAGS[a] for a in takes(QK_TRANSFORMS[name].cls)} | {'qk_decay'}
 
 
 def qk_transform(name, n_head, head_size, config):
@@ -666,11 +677,14 @@ GPU_PEAK_FLOPS = {
 }
 
 
-def peak_flops(device):
-    """The peak for MFU: $GPU_PEAK_TFLOPS if set (a GPU not in the table), else the table's; None if neither."""
+def peak_flops(device, dtype='bfloat16'):
+    """The peak for MFU: $GPU_PEAK_TFLOPS if set (a GPU not in the table), else the table's; None if neither. Both are
+    the dense bf16 (= fp16) peak; float32 runs multiply in TF32, whose dense peak is half that (A100, H100)."""
     if os.environ.get('GPU_PEAK_TFLOPS'):
-        return float(os.environ['GPU_PEAK_TFLOPS']) * 1e12
-    return GPU_PEAK_FLOPS.get(torch.cuda.get_device_name(device)) if str(device).startswith('cuda') else None
+        peak = float(os.environ['GPU_PEAK_TFLOPS']) * 1e12
+    else:
+        peak = GPU_PEAK_FLOPS.get(torch.cuda.get_device_name(device)) if str(device).startswith('cuda') else None
+    return peak / 2 if peak and dtype == 'float32' else peak
 
 
 def autocast_dtype(device):  # dtype=auto: bf16 where native, fp16 on older CUDA GPUs (T4, V100), float32 off CUDA

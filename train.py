@@ -6,7 +6,8 @@ Train a GPT with any attention variant: the settings, the setup, one loop, the e
   python train.py --init_from=resume --out_dir=out       # continue a run; --eval_only=True, --sample="def " too
 
 A flag (--key=value) wins over a --preset, which wins over the values below. Resuming, evaluating and sampling
-take every setting no flag gives from the checkpoint.
+take every setting no flag gives from the checkpoint. MFU (on a GPU) is model.flops_per_token's FLOPs, causal
+attention at half, over the GPU's dense bf16 peak (float32, which multiplies in TF32: half of that peak).
 """
 import os
 import shlex
@@ -35,6 +36,8 @@ def on_signal(signum, frame):
 def resume_hint():
     launch = f"torchrun --nproc_per_node={os.environ['LOCAL_WORLD_SIZE']}" if 'RANK' in os.environ else 'python'
     at = renaming if renaming is not None and not os.path.exists(ckpt_path + '.tmp') else saved_iter  # renamed yet?
+    if at is None and '--init_from=resume' in sys.argv:  # stopped before the setup read the checkpoint
+        return f"its checkpoint is as it was. Continue with: {launch} train.py {shlex.join(sys.argv[1:])}"
     return "nothing was saved" if at is None else (
         f"the last checkpoint is at iteration {at}: {ckpt_path}. Continue with: {launch} train.py "
         f"--init_from=resume --out_dir={shlex.quote(out_dir)}")
@@ -49,6 +52,7 @@ def say(line):  # os.write: the signal may have cut into a print() that holds st
 
 signal.signal(signal.SIGINT, on_signal)
 signal.signal(signal.SIGTERM, on_signal)
+sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, under nohup too (a compile takes minutes)
 
 import difflib
 import json
@@ -62,7 +66,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
-from model import POS, PRESETS, GPT, GPTConfig, attn_names, autocast_dtype, diagnostics, flops_per_token, peak_flops
+from model import (POS, PRESETS, GPT, GPTConfig, attn_names, autocast_dtype, diagnostics, flops_per_token, peak_flops,
+                   qk_flags_read)
 
 # -----------------------------------------------------------------------------
 _before = set(globals())  # the settings: what this block adds
@@ -134,6 +139,8 @@ def die(msg, code=2):  # a plausible mistake: one line (rank 0's), and exit
 
 def parse(key, text):  # --key=text as the type of the key's default
     kind = type(defaults[key])
+    if kind is str and not text and defaults[key]:  # e.g. --out_dir=$RUN with RUN unset
+        die(f"--{key}= is empty (an unset shell variable?); give it a value, e.g. --{key}={defaults[key]}")
     try:
         value = dict(true=True, false=False)[text.lower()] if kind is bool else kind(text)
     except (KeyError, ValueError):
@@ -159,6 +166,25 @@ for arg in sys.argv[1:]:
 settings = defaults | PRESETS.get(given.get('preset'), {}) | given
 out_dir, ckpt_path = settings['out_dir'], os.path.join(settings['out_dir'], 'ckpt.pt')
 trains = not (settings['eval_only'] or settings['sample'])
+
+# DDP and the device come first: then every rank takes rank 0's decision on the out_dir
+ddp = 'RANK' in os.environ  # launched by torchrun?
+device = settings['device']
+if device == 'auto':
+    device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+device_type = device.split(':')[0]
+if not {'cpu': True, 'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}.get(device_type):
+    die(f"--device={device} is unknown, or {device_type.upper()} is not available here; use auto, cpu, cuda[:N] or mps")
+if ddp:
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+    if device_type == 'cuda':
+        device = f'cuda:{local_rank}'
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
+else:
+    rank, local_rank, world_size = 0, 0, 1
+settings['device'] = device  # as resolved (never taken from a checkpoint)
+refusal = None  # rank 0's: why this run may not train in out_dir
 if trains and master:  # a run owns its out_dir: train.lock stays locked (flock, also on NFS) until its process ends
     os.makedirs(out_dir, exist_ok=True)
     lock = open(os.path.join(out_dir, 'train.lock'), 'a+')
@@ -169,13 +195,20 @@ if trains and master:  # a run owns its out_dir: train.lock stays locked (flock,
         pass
     except BlockingIOError:
         lock.seek(0)
-        die(f"{out_dir}/ is in use by a running train.py ({lock.read().strip()}); wait for it, or train in another "
-            "--out_dir")
+        refusal = (f"{out_dir}/ is in use by a running train.py ({lock.read().strip()}); wait for it, or train in "
+                   "another --out_dir")
+    if settings['init_from'] == 'scratch' and os.path.exists(ckpt_path) and not refusal:  # never overwritten
+        refusal = f"{out_dir}/ holds a run; continue it with --init_from=resume, or train in another --out_dir"
+if ddp:
+    box = [refusal]
+    dist.broadcast_object_list(box, src=0)
+    refusal = box[0]
+if refusal:
+    die(refusal)
+if trains and master:
     lock.truncate(0)
     lock.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     lock.flush()
-    if settings['init_from'] == 'scratch' and os.path.exists(ckpt_path):  # a new run never overwrites a checkpoint
-        die(f"{out_dir}/ holds a run; continue it with --init_from=resume, or train in another --out_dir")
     log_path = os.path.join(out_dir, 'metrics.jsonl')
     if settings['init_from'] == 'scratch' and os.path.exists(log_path):  # an attempt stopped before its first save
         kept = next(f"{log_path}.{i}" for i in range(1, 10 ** 6) if not os.path.exists(f"{log_path}.{i}"))
@@ -201,27 +234,17 @@ if settings['init_from'] == 'resume' or not trains:
     settings |= {k: v for k, v in checkpoint['config'].items() if k in defaults and k not in LOCAL_KEYS + tuple(given)}
     if trains:
         saved_iter = checkpoint['iter_num']  # here already: a Ctrl-C during the setup names it
+unread = [f'--{k}' for k in given if k.startswith('qk_') and k not in qk_flags_read(settings['attn'])
+          and given[k] != defaults[k]]
+if unread:  # a flag that would change nothing
+    die(f"--attn={settings['attn']} reads no {', '.join(unread)}; drop it, or choose a variant that reads it")
 config = settings  # saved in the checkpoint
 globals().update(settings)
-
-# ---- DDP, the device
-
-ddp = 'RANK' in os.environ  # launched by torchrun?
-if device == 'auto':
-    device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
-device_type = device.split(':')[0]
-if not {'cpu': True, 'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}.get(device_type):
-    die(f"--device={device} is unknown, or {device_type.upper()} is not available here; use auto, cpu, cuda[:N] or mps")
-if ddp:
-    rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
-    if device_type == 'cuda':
-        device = f'cuda:{local_rank}'
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
-else:
-    rank, local_rank, world_size = 0, 0, 1
 print0 = print if master else (lambda *a, **k: None)
 dtype = autocast_dtype(device) if dtype == 'auto' else dtype
+if dtype == 'bfloat16' and device_type == 'cuda' and not torch.cuda.is_bf16_supported(including_emulation=False):
+    die(f"{torch.cuda.get_device_name(device)} emulates bfloat16, several times slower (this run asks for it: "
+        "--dtype=bfloat16, or its checkpoint's); train with --dtype=auto (float16 there)")
 autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
 torch.manual_seed(seed + rank)  # each rank its own dropout
 torch.set_float32_matmul_precision('high')  # float32 matmuls on TF32 tensor cores (Ampere on)
@@ -271,7 +294,8 @@ if compiled:
     print0("compiling the model...")
     model = torch.compile(model)  # lazy: it compiles at its first call
 if ddp:  # around the compiled model, as PyTorch's docs say: the graph splits at DDP's gradient buckets
-    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None,
+                broadcast_buffers=False)  # the buffers (rope's tables) are the same on every rank
 if compiled:  # one step now, without gradient sync: if it fails, the run goes on eager
     try:
         with model.no_sync() if ddp else nullcontext(), autocast, torch.random.fork_rng(
@@ -279,6 +303,8 @@ if compiled:  # one step now, without gradient sync: if it fails, the run goes o
             model(*get_batch('train', torch.Generator().manual_seed(0)))[1].backward()
     except Exception as e:  # e.g. no C compiler, a Python that Dynamo does not support yet
         e, compiled = getattr(e, 'inner_exception', e), False
+        if isinstance(e, torch.cuda.OutOfMemoryError) or 'CUDA error' in str(e):  # the GPU's: eager would fail too
+            raise e
         print(f"warning: torch.compile failed ({type(e).__name__}: {str(e)[:100]}); running eager")
     raw_model.zero_grad(set_to_none=True)
     ok = torch.tensor(float(compiled), device=device)
@@ -310,7 +336,9 @@ if checkpoint and trains:
         print0(f"note: the checkpoint was trained by {checkpoint['world_size']} process(es), this run has "
                f"{world_size}: its batches are drawn anew (seed {seed}), not as one run would go on")
     print0(f"resuming from {ckpt_path} at iteration {iter_num} ({train_time:.0f} s trained)")
-peak, flops_per_iter = peak_flops(device) if trains else None, None  # for MFU; None: not known
+if checkpoint:  # loaded: its weights and AdamW's state are not kept (0.77 GB at 60m, on every rank)
+    del checkpoint['model'], checkpoint['optimizer']
+peak, flops_per_iter = peak_flops(device, dtype) if trains else None, None  # for MFU; None: not known
 if peak:
     try:
         flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter / world_size
@@ -520,18 +548,24 @@ if eval_only:
     print0(f"{ckpt_path} holds the model of iteration {checkpoint['iter_num']}")
     full_eval()
 elif sample:
-    write_sample(sample)
+    try:
+        write_sample(sample)
+    except prepare_data.DataError as e:  # no tokenizer here (offline): one line
+        die(str(e))
 else:
     # the model the final evaluation scores: the last weights, or the best-only checkpoint's
     model_iter, model_tokens = iter_num, tokens
     if saved_iter != iter_num:
-        best = torch.load(ckpt_path, map_location=device, weights_only=True)
+        best = torch.load(ckpt_path, map_location='cpu', weights_only=True)  # AdamW's state stays off the GPU
         raw_model.load_state_dict(best['model'])
         model_iter, model_tokens = saved_iter, best['tokens']
     log(dict(event='final', iter=iter_num, tokens=tokens, model_iter=model_iter, model_tokens=model_tokens,
              time=train_time) | full_eval())
     if master and sample_tokens:
-        write_sample('')
+        try:
+            write_sample('')
+        except prepare_data.DataError as e:  # offline, say: the run is logged and saved already
+            print(f"note: no sample: {e}; the run's results are in {out_dir}/metrics.jsonl")
     print0(f"done: {iter_num} iterations, {(time.time() - t_start) / 60:.1f} min; checkpoint {ckpt_path}" + (
         '' if saved_iter == iter_num else f" at iteration {saved_iter} (val loss {saved_val:.4f}, the best estimate):"
         " the model the final evaluation scored"))

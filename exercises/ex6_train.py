@@ -59,6 +59,10 @@ def ended(out):  # 'final' or 'diverged' if the run's log ends so; else None (a 
     return events[-1] if events and events[-1] != 'start' else None
 
 
+class Changed(Exception):  # model.py is not the one this launcher read and files its runs under
+    pass
+
+
 def train(attn, seed):
     """Trains attn's run of this seed unless it is there already: (whether it is there now, a line to print)."""
     out, command = folder(attn, seed), [f'--attn={attn}', f'--seed={seed}', *flags]
@@ -69,6 +73,8 @@ def train(attn, seed):
     if end:
         return True, f"{out}: trained already with this step and these flags, kept" + " (it diverged)" * (
             end == 'diverged')
+    if open(os.path.join(ROOT, 'model.py')).read() != source:  # edited since: this run would train other code
+        raise Changed(out)
     resume = os.path.exists(os.path.join(out, 'ckpt.pt'))  # a run cut short
     os.makedirs(out, exist_ok=True)
     open(stamp, 'w').write(' '.join(command))
@@ -95,6 +101,10 @@ try:
 except KeyboardInterrupt:  # Ctrl-C reaches every train.py too: each stops at its checkpoint
     pool.shutdown(cancel_futures=True)
     sys.exit("Ctrl-C: stopped; run the same command again to resume the runs cut short")
+except Changed as e:  # the runs under way finish (they read model.py as it was), no other starts
+    pool.shutdown(cancel_futures=True)
+    sys.exit(f"error: model.py changed while this launcher ran, so {e} did not start (the runs before it are kept); "
+             "run the same command again to train the rest with model.py as it is now")
 if there:
     print(f"\nthe table again, at any time: python results/report.py {' '.join(there)}")
 if len(there) < len(runs):

@@ -9,7 +9,7 @@ the sweep).
   python results/report.py runs/claims/lr --sweep=learning_rate --plot=stability.png
 
 A run is a folder with a metrics.jsonl, labelled by its name less '-s<seed>' (coupled-s2: coupled). It counts once,
-copies of it too, under the name of the copy made first. A run that failed (a loss that is not finite, or not below
+copies of it too, under the name that says what it records (its attn and seed), else the shortest. A run that failed (a loss that is not finite, or not below
 ln(vocabulary size), a uniform guess) is counted in its row and never averaged. Runs that differ in model, training
 or corpus are never one row.
 """
@@ -65,9 +65,16 @@ def standing(log):
     return kept[:max(ends) + 1] if ends else []
 
 
+def named_as_recorded(path):  # its folder's name says what its log records: attn and seed (coupled-s1, out-coupled-s1)
+    cfg = next((r['config'] for r in read_log(path) if r['event'] == 'start'), {})
+    label, _, seed = os.path.basename(os.path.dirname(path)).rpartition('-s')
+    return label.removeprefix('out-') == cfg.get('attn') and seed == str(cfg.get('seed'))
+
+
 def find_logs(folders):
-    """Every metrics.jsonl under folders, each run once: copies of one log (cp -r, a link) count as the original,
-    the copy whose file is oldest (a copy is written when it is made)."""
+    """Every metrics.jsonl under folders, each run once: copies of one log (cp -a, a link) count as one run, under
+    the name that says what the run records (its attn and seed), else the shortest path. A copy's age says nothing:
+    cp -a and rsync -a keep it."""
     logs = {}
     for top in folders:
         for d, _, files in os.walk(top, followlinks=True):
@@ -77,7 +84,7 @@ def find_logs(folders):
                 logs.setdefault(digest, {}).setdefault(os.path.realpath(path), path)  # a folder reached twice: once
     kept = []
     for paths in logs.values():
-        original, *copies = sorted(paths.values(), key=lambda p: (os.stat(p).st_mtime, len(p), p))
+        original, *copies = sorted(paths.values(), key=lambda p: (not named_as_recorded(p), len(p), p))
         if copies:
             print(f"note: {', '.join(copies)} {'is a copy' if len(copies) == 1 else 'are copies'} of {original}; "
                   "counted once, as it", file=sys.stderr)
@@ -491,6 +498,7 @@ def plot_sweep(rows, path, key):
 
 
 def save(fig, path):
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     print(f"wrote {path}", file=sys.stderr)

@@ -27,8 +27,10 @@ def prepare(*args):  # python prepare_data.py ARGS (it keeps finished work); a f
 def train(job):
     out_dir, flags = job
     os.makedirs(os.path.dirname(out_dir), exist_ok=True)
-    with open(out_dir + '.log', 'w') as log:
-        code = subprocess.call([sys.executable, os.path.join(ROOT, 'train.py'), *flags.split(), f'--out_dir={out_dir}'],
+    resume = ['--init_from=resume'] * os.path.exists(os.path.join(out_dir, 'ckpt.pt'))  # a run cut short goes on
+    with open(out_dir + '.log', 'a') as log:
+        code = subprocess.call([sys.executable, os.path.join(ROOT, 'train.py'), *flags.split(), f'--out_dir={out_dir}',
+                                *resume],
                                stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS='1'))
     return f"{out_dir}: " + ('done' if code == 0 else f"stopped (exit {code}); see {out_dir}.log")
 
@@ -54,7 +56,7 @@ def run(jobs, jobs_at_once=2):
             for line in pool.map(train, todo):
                 print(line, flush=True)
     except KeyboardInterrupt:  # the runs stop with their own line; finished ones stay
-        sys.exit("interrupted: run the script again to make the runs still missing")
+        sys.exit("interrupted: run the script again to finish the runs still missing")
 
 
 def copy(src, dst):  # a run reused under another name (cp -r): the report counts a copy once
