@@ -1,85 +1,118 @@
-"""The gap against model size: standard and coupled at three sizes on the WikiText text, seeds 1-3, 500 iterations of
-16 x 128 tokens (about one epoch). tiny (4 x 128) reuses results/paper_corpora.py's runs. At the middle size (4 x 256)
-and at small (6 x 384), standard's learning rate is picked from 1e-3, 2e-3 and 4e-3 with seed 1 (min_lr a tenth),
-and both variants train at it. Then the table and the picture (results/sizes.png).
-Run from the repository root, after results/paper_corpora.py: python results/sizes.py"""
-import functools
+"""The gap against model size: standard and coupled at three sizes on the WikiText text, 500 iterations of 16 x 128
+tokens (about one epoch). tiny (4 x 128) reuses results/paper_corpora.py's runs at train.py's rate, seeds 1-3. At the
+middle size (4 x 256) and at small (6 x 384) each variant's learning rate is picked with seed 1 from a grid of factors
+of two, widened at the end where the best sits until it sits inside (min_lr a tenth). Then seeds 1-3 (middle) or 1-5
+(small) train each variant at its own rate, and both at standard's where the two differ. Then the tables and the
+picture (results/sizes.png). Run from the repository root, with CORPORA_DIR as for results/paper_corpora.py:
+    python results/sizes.py"""
 import math
+import os
 from statistics import mean, stdev
 
+import paper_corpora
 import report
 import runner
 from laptop import P
 
 SIZES = {'middle': '--n_layer=4 --n_head=4 --n_embd=256', 'small': '--preset=small'}
-RATES = ('1e-3', '2e-3', '4e-3')
+SEEDS = {'tiny': (1, 2, 3), 'middle': (1, 2, 3), 'small': (1, 2, 3, 4, 5)}
+GRID = {'middle': ('1e-3', '2e-3', '4e-3'), 'small': ('5e-4', '1e-3', '2e-3')}  # the first grids, at seed 1
+TINY_LR = '2e-3'  # train.py's default, at which results/laptop.py trains every variant
+ATTN = ('standard', 'coupled')
 PAPER = [(60e6, -6.6), (150e6, -6.7), (350e6, -1.0)]  # the abstract's change of perplexity, in % of standard's
 
 
 def run(size, lr, attn, seed):  # (out_dir, flags)
+    if size == 'tiny':
+        return f"runs/laptop/wikitext/{attn}-s{seed}", f"--dataset=wikitext --seed={seed} --attn={attn} {P}"
     return (f"runs/sizes/{size}/lr-{lr}/{attn}-s{seed}", f"--dataset=wikitext {SIZES[size]} --seed={seed} "
             f"--attn={attn} {P} --learning_rate={lr} --min_lr={float(lr) / 10:g}")
 
 
-PICK = [run(size, lr, 'standard', 1) for size in ('small', 'middle') for lr in RATES]  # the slowest first
+def ppl(size, lr, attn, seed=1):  # a finished run's full-split val perplexity (a failed run: inf); None: not yet
+    out = run(size, lr, attn, seed)[0]
+    return report.load_runs([out])[0]['final']['val_ppl'] if runner.finished(out) else None
 
 
-@functools.cache  # once its three runs have finished (runner.run(PICK) waits for them), the pick stays
-def picked(size):  # the rate of standard's best seed-1 run at this size: its lowest full-split val perplexity
-    ppl = {}
-    for lr in RATES:
-        final = report.load_runs([run(size, lr, 'standard', 1)[0]])  # a failed run: inf, never picked
-        if final:
-            ppl[lr] = final[0]['final']['val_ppl']
-    return min(ppl, key=ppl.get) if len(ppl) == len(RATES) else None
+def grid(size, attn):  # the rates tried at seed 1: the first grid, widened by a factor of two where the best sits
+    rates = list(GRID[size])
+    while all(ppl(size, lr, attn) is not None for lr in rates):
+        best = min(rates, key=lambda lr: ppl(size, lr, attn))
+        if best not in (rates[0], rates[-1]):
+            break
+        wider = f"{float(best) * (0.5 if best == rates[0] else 2):.0e}".replace('e-0', 'e-')
+        rates = [wider] + rates if best == rates[0] else rates + [wider]
+    return rates
 
 
-def jobs():  # the runs at each size's picked rate (standard seed 1 is its pick's run)
-    return [run(size, picked(size), attn, s) for size in SIZES for attn in ('standard', 'coupled') for s in (1, 2, 3)
-            if picked(size) and (attn, s) != ('standard', 1)]
-
-
-def folders(size):  # {attn: [run folders, seeds 1-3]}
+def picked(size, attn):  # the best rate, strictly inside its grid; None while the grid's runs are missing
     if size == 'tiny':
-        return {a: [f"runs/laptop/wikitext/{a}-s{s}" for s in (1, 2, 3)] for a in ('standard', 'coupled')}
-    return {a: [run(size, picked(size), a, s)[0] for s in (1, 2, 3)] for a in ('standard', 'coupled')}
+        return TINY_LR
+    rates = grid(size, attn)
+    if any(ppl(size, lr, attn) is None for lr in rates):
+        return None
+    return min(rates, key=lambda lr: ppl(size, lr, attn))
+
+
+def pairs(size):  # {label: (standard's rate, coupled's rate)}: each at its own best, and both at standard's
+    s, c = picked(size, 'standard'), picked(size, 'coupled')
+    return {'own best': (s, c)} | ({"standard's": (s, s)} if c != s else {})
+
+
+def jobs(size):  # every seed of each pair, once both rates are picked
+    if not all(picked(size, a) for a in ATTN):
+        return []
+    return list(dict.fromkeys(run(size, lr, attn, seed) for rates in pairs(size).values()
+                              for attn, lr in zip(ATTN, rates) for seed in SEEDS[size]))
+
+
+def t_of(s, c):  # the difference of the means over its standard error (negative: coupled is better)
+    return (mean(c) - mean(s)) / math.sqrt(stdev(s) ** 2 / len(s) + stdev(c) ** 2 / len(c))
+
+
+def picks_table():
+    print("| size | variant | seed 1's full-split perplexity at each learning rate | picked |\n|---|---|---|---|")
+    for size in GRID:
+        for attn in ATTN:
+            cells = [f"{lr}: " + (f"{p:.3f}" if p is not None else 'not yet')
+                     for lr, p in ((lr, ppl(size, lr, attn)) for lr in grid(size, attn))]
+            print(f"| {size} | {attn} | {', '.join(cells)} | {picked(size, attn) or 'not yet'} |")
 
 
 def table():
-    """Per size: parameters (all, the tied embedding once, as the paper counts), the learning rate, each variant's
-    full-split val perplexity (mean +- std over seeds), coupled's change against standard and its t. Returns the
-    rows for the picture."""
-    print("| size | layers x width | parameters | learning rate | standard | coupled | change | t |\n"
-          "|---|---|---|---|---|---|---|---|")
+    """Per size and pair of rates: parameters (all, the tied embedding once, as the paper counts), the rates, each
+    variant's full-split val perplexity (mean +- std over seeds), coupled's change against standard, t over every
+    seed and, at small, over seeds 2-5 (seed 1 picked the rates). Returns the own-best rows, for the picture."""
+    print("\n| size | parameters | rates (standard, coupled) | seeds | standard | coupled | change | t "
+          "| t, seeds 2-5 |\n|---|---|---|---|---|---|---|---|---|")
     rows = []
     for size in ('tiny', *SIZES):
-        if size != 'tiny' and not picked(size):
-            print(f"| {size} | standard's learning rate is not picked yet: its three runs have not all finished |")
+        if not all(picked(size, a) for a in ATTN):
+            print(f"| {size} | the learning rates are not picked yet: their seed-1 runs have not all finished |")
             continue
-        runs = {a: report.done(report.load_runs(f)) for a, f in folders(size).items()}
-        if any(len(r) < 3 for r in runs.values()):
-            print(f"| {size} | {len(runs['standard'])} + {len(runs['coupled'])} of 6 runs finished so far |")
-            continue
-        ppl = {a: [r['final']['val_ppl'] for r in sorted(rs, key=lambda r: r['config']['seed'])]
-               for a, rs in runs.items()}
-        (s, c), cfg = ppl.values(), runs['standard'][0]['config']
-        params = params_of(runs['standard'][0])
-        change, se = 100 * (mean(c) / mean(s) - 1), math.sqrt(stdev(s) ** 2 / 3 + stdev(c) ** 2 / 3)
-        print(f"| {size} | {cfg['n_layer']} x {cfg['n_embd']} | {params / 1e6:.2f}M | {cfg['learning_rate']:g} | "
-              f"{mean(s):.3f} +- {stdev(s):.3f} | {mean(c):.3f} +- {stdev(c):.3f} | {change:+.1f}% | "
-              f"{(mean(c) - mean(s)) / se:.1f} |")
-        rows.append(dict(params=params, change=change, se=100 * se / mean(s),
-                         seeds=[100 * (b / a - 1) for a, b in zip(s, c)]))
+        for label, rates in pairs(size).items():
+            seeds = SEEDS[size]
+            p = {a: [ppl(size, lr, a, s) for s in seeds] for a, lr in zip(ATTN, rates)}
+            done = sum(x is not None for v in p.values() for x in v)
+            if done < 2 * len(seeds):
+                print(f"| {size} | {label}: {done} of {2 * len(seeds)} runs finished so far |")
+                continue
+            s, c = p['standard'], p['coupled']
+            later = f"{t_of(s[1:], c[1:]):.1f}" if size == 'small' else ''
+            params = next(x for x in report.read_log(os.path.join(run(size, rates[0], 'standard', 1)[0],
+                                                                  'metrics.jsonl')) if x['event'] == 'start')['params']
+            change, se = 100 * (mean(c) / mean(s) - 1), math.sqrt(stdev(s) ** 2 / len(s) + stdev(c) ** 2 / len(c))
+            print(f"| {size} | {params / 1e6:.2f}M | {rates[0]}, {rates[1]} | 1-{seeds[-1]} | {mean(s):.3f} +- "
+                  f"{stdev(s):.3f} | {mean(c):.3f} +- {stdev(c):.3f} | {change:+.1f}% | {t_of(s, c):.1f} | {later} |")
+            if label == 'own best':
+                rows.append(dict(params=params, change=change, se=100 * se / mean(s),
+                                 seeds=[100 * (b / a - 1) for a, b in zip(s, c)]))
     return rows
 
 
-def params_of(r):  # a run's parameter count, from its log's first record
-    return next(x for x in report.read_log(r['path']) if x['event'] == 'start')['params']
-
-
 def plot(rows, path='results/sizes.png'):
-    """coupled's change of perplexity against parameters (log axis): ours with +-1 standard error and each seed's
-    pair, the paper's three points beside them."""
+    """coupled's change of perplexity against parameters (log axis), each variant at its own best rate: ours with +-1
+    standard error and each seed's pair, the paper's three points beside them."""
     _, plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.8))
     ax.axhline(0, color='grey', lw=0.8)
@@ -96,8 +129,15 @@ def plot(rows, path='results/sizes.png'):
 
 
 if __name__ == '__main__':
-    runner.run(PICK)
-    runner.run(jobs())
+    runner.start()
+    paper_corpora.prepare()  # the WikiText text
+    for size in ('small', 'middle', 'tiny'):  # the slowest first: a size's picks, widened until bracketed, its seeds
+        picks = []
+        while size != 'tiny' and picks != [run(size, lr, a, 1) for a in ATTN for lr in grid(size, a)]:
+            picks = [run(size, lr, a, 1) for a in ATTN for lr in grid(size, a)]
+            runner.run(picks)
+        runner.run(jobs(size))
+    picks_table()
     rows = table()
-    if rows:
+    if len(rows) == 1 + len(SIZES):
         plot(rows)
