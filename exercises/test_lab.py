@@ -1062,6 +1062,13 @@ def test_lab_exercise_6_launcher_never_deletes_a_run_resumes_one_cut_short_and_t
     assert {k: v for k, v in checkpoints(repo).items() if k in first} == first  # nothing of the first runs changed
 
 
+def test_lab_pytest_with_the_template_appended_twice_ends_in_its_one_line(tmp_path):
+    repo = repository(tmp_path, mine=2)  # `cat exercises/ex6_mine.py >> model.py`, twice
+    r = run('-m', 'pytest', '-q', '-p', 'no:cacheprovider', cwd=repo, env={'PYTHONDONTWRITEBYTECODE': '1'})
+    assert r.returncode == 2 and (r.stdout + r.stderr).strip() == "Exit: error: model.py holds exercises/ex6_mine.py " \
+        "twice; delete the second copy from the end of model.py, or start again with `git checkout model.py`", r
+
+
 def test_lab_exercise_6_launcher_stops_when_model_py_changes_under_it(tmp_path):
     # each stub run edits model.py: the runs under way are kept, and none starts on the edited model.py under the
     # hash of the model.py the launcher read (two at a time: seed 3 starts after seed 1 or 2 edited it)

@@ -231,6 +231,8 @@ def test_the_curves_are_drawn_or_the_report_says_how_to_get_them(tmp_path, capsy
     pytest.importorskip('matplotlib')
     code, out, err = tabulate(capsys, tmp_path / 'runs', f'--plot={tmp_path / "c.png"}')
     assert code == 0 and (tmp_path / 'c.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    code, out, err = tabulate(capsys, tmp_path / 'runs', f'--plot={tmp_path / "plots" / "c.png"}')  # no folder yet
+    assert code == 0 and (tmp_path / 'plots' / 'c.png').exists() and '| coupled |' in out, err
 
 
 def test_a_row_compares_with_the_runs_that_trained_standard_whatever_their_folders_are_named(tmp_path, capsys):
@@ -366,3 +368,17 @@ def test_G4_a_section_script_takes_no_arguments_and_starts_no_run_when_given_som
         r = run(os.path.join(HERE, script), *args, cwd=tmp_path, timeout=120)
         assert r.returncode == code and words in r.stdout + r.stderr and 'training' not in r.stdout, r.stderr
         assert os.listdir(tmp_path) == []  # no runs/ made, here or anywhere
+
+
+def test_G1_the_runner_resumes_a_run_cut_short_and_keeps_its_output(tmp_path, monkeypatch):
+    # results/runner.py with a stub train.py that prints its arguments: a folder with a checkpoint is resumed
+    import runner
+    (tmp_path / 'train.py').write_text("import sys\nprint(' '.join(sys.argv[1:]))\n")
+    monkeypatch.setattr(runner, 'ROOT', str(tmp_path))
+    out = tmp_path / 'runs' / 'coupled-s1'
+    assert runner.train((str(out), '--attn=coupled')) == f"{out}: done"
+    os.makedirs(out)
+    (out / 'ckpt.pt').write_text('a checkpoint')  # the first attempt was cut short after a save
+    runner.train((str(out), '--attn=coupled'))
+    assert open(f"{out}.log").read().splitlines() == [f"--attn=coupled --out_dir={out}",
+                                                      f"--attn=coupled --out_dir={out} --init_from=resume"]
