@@ -1,5 +1,6 @@
 """Exercise 4. The linear-regime trap: the coupling diagnostic at init as the spread of the potential's
-pre-activations doubles (no training, seconds; reads data/pydocs, which the quick start prepares).
+pre-activations doubles (no training, seconds), on the lab's 2,048 validation tokens (exercises/quickstart/val.bin:
+the same on every machine, whichever Python's documentation the quick start reads).
 Run from the repository root: python exercises/ex4_linear_regime.py"""
 import math
 import os
@@ -15,9 +16,7 @@ if sys.argv[1:]:  # it takes none: --help, or a one-line error
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # model.py, from any folder
 from model import GPT, GPTConfig, qk_diagnostics  # noqa: E402
 
-path = os.path.join('data', 'pydocs', 'val.bin')
-if not os.path.exists(path):
-    sys.exit(f"error: no {path}; run `python prepare_data.py` in the repository root first")
+path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'quickstart', 'val.bin')
 x = torch.from_numpy(np.fromfile(path, dtype=np.uint16)[:16 * 128].astype(np.int64)).view(16, 128)
 spreads, fractions = (0.0625, 0.125, 0.25, 0.5, 1, 2, 4), {}  # --qk_scale (2: the default)
 for b in (0.0, 0.5):  # the potential's bias b: 0 at init, as model.py starts it; then every b_j = 0.5
