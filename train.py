@@ -124,7 +124,8 @@ LOCAL_KEYS = ('out_dir', 'init_from', 'eval_only', 'device', 'sample', 'sample_t
 
 def shutdown(code):  # every exit
     if dist.is_initialized():
-        dist.destroy_process_group()
+        if code == 0:  # (after a mistake, gloo's teardown can hang on torch 2.4: the exit alone ends the rank)
+            dist.destroy_process_group()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # skip the interpreter's teardown, where gloo's threads can abort
