@@ -374,8 +374,8 @@ def main():
             if x not in known:
                 p.error(f"--{flag}: {x!r} is not one of {', '.join(known)}")
     variants = ['standard'] + [v for v in variants if v != 'standard']  # first: every ratio is against it
-    for flag, default in (('qk_steps', 1), ('qk_hidden', GPTConfig.qk_hidden)):
-        if getattr(args, flag) != default and not any(flag in qk_flags_read(v) for v in variants):
+    for flag in ('qk_steps', 'qk_hidden'):
+        if getattr(args, flag) != p.get_default(flag) and not any(flag in qk_flags_read(v) for v in variants):
             p.error(f"--attn={args.attn} reads no --{flag}; drop it, or choose a variant that reads it")
     for v in variants:
         try:

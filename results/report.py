@@ -9,9 +9,9 @@ the sweep).
   python results/report.py runs/claims/lr --sweep=learning_rate --plot=stability.png
 
 A run is a folder with a metrics.jsonl, labelled by its name less '-s<seed>' (coupled-s2: coupled). It counts once,
-copies of it too, under the name that says what it records (its attn and seed), else the shortest. A run that failed (a loss that is not finite, or not below
-ln(vocabulary size), a uniform guess) is counted in its row and never averaged. Runs that differ in model, training
-or corpus are never one row.
+copies of it too, under the name that says what it records (its attn and seed), else the shortest. A run that failed
+(a loss that is not finite, or not below ln(vocabulary size), a uniform guess) is counted in its row and never
+averaged. Runs that differ in model, training or corpus are never one row.
 """
 import argparse
 import hashlib
@@ -65,10 +65,16 @@ def standing(log):
     return kept[:max(ends) + 1] if ends else []
 
 
+def folder_label(path):  # a run folder's name less '-s<seed>' and 'out-', and the seed: out-coupled-s2: coupled, '2'
+    name = os.path.basename(os.path.dirname(path))
+    label, _, seed = name.rpartition('-s')
+    label, seed = (label, seed) if label and seed.isdigit() else (name, None)
+    return label.removeprefix('out-').removeprefix('out_'), seed
+
+
 def named_as_recorded(path):  # its folder's name says what its log records: attn and seed (coupled-s1, out-coupled-s1)
     cfg = next((r['config'] for r in read_log(path) if r['event'] == 'start'), {})
-    label, _, seed = os.path.basename(os.path.dirname(path)).rpartition('-s')
-    return label.removeprefix('out-') == cfg.get('attn') and seed == str(cfg.get('seed'))
+    return folder_label(path) == (cfg.get('attn'), str(cfg.get('seed')))
 
 
 def find_logs(folders):
@@ -84,7 +90,8 @@ def find_logs(folders):
                 logs.setdefault(digest, {}).setdefault(os.path.realpath(path), path)  # a folder reached twice: once
     kept = []
     for paths in logs.values():
-        original, *copies = sorted(paths.values(), key=lambda p: (not named_as_recorded(p), len(p), p))
+        original, *copies = sorted(paths.values(), key=lambda p: (len(paths) > 1 and not named_as_recorded(p),
+                                                                  len(p), p))  # (a copy's log read only then)
         if copies:
             print(f"note: {', '.join(copies)} {'is a copy' if len(copies) == 1 else 'are copies'} of {original}; "
                   "counted once, as it", file=sys.stderr)
@@ -112,9 +119,7 @@ def load_runs(folders):
         vocab = start[-1].get('vocab_size')  # (older logs: none, and only a non-finite loss fails)
         if not final['val_loss'] < (math.log(vocab) if vocab else 700):  # no better than a uniform guess
             final = dict(final, val_ppl=math.inf)
-        name = os.path.basename(os.path.dirname(path))
-        label, _, seed = name.rpartition('-s')
-        label = (label if label and seed.isdigit() else name).removeprefix('out-').removeprefix('out_')
+        label = folder_label(path)[0]
         label = str(cfg.get('attn', '?')) if label in ('out', '') else label
         # what each start trained with: a setting changed at a resume makes no straight run
         sets = [{k: v for k, v in s['config'].items() if k not in NOT_COMPARED} | {'world_size': s.get('world_size')}
