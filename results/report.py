@@ -9,9 +9,9 @@ the sweep).
   python results/report.py runs/claims/lr --sweep=learning_rate --plot=stability.png
 
 A run is a folder with a metrics.jsonl, labelled by its name less '-s<seed>' (coupled-s2: coupled). It counts once,
-copies of it too, under the name that says what it records (its attn and seed), else the shortest. A run that failed
-(a loss that is not finite, or not below ln(vocabulary size), a uniform guess) is counted in its row and never
-averaged. Runs that differ in model, training or corpus are never one row.
+copies of it too, under the name of the folder it trained in (its --out_dir), else the shortest. A run that failed (a
+loss that is not finite, or not below ln(vocabulary size), a uniform guess) is counted in its row and never averaged.
+Runs that differ in model, training or corpus are never one row.
 """
 import argparse
 import hashlib
@@ -65,22 +65,22 @@ def standing(log):
     return kept[:max(ends) + 1] if ends else []
 
 
-def folder_label(path):  # a run folder's name less '-s<seed>' and 'out-', and the seed: out-coupled-s2: coupled, '2'
+def folder_label(path):  # a run folder's name less '-s<seed>' and 'out-': out-coupled-s2: coupled
     name = os.path.basename(os.path.dirname(path))
     label, _, seed = name.rpartition('-s')
-    label, seed = (label, seed) if label and seed.isdigit() else (name, None)
-    return label.removeprefix('out-').removeprefix('out_'), seed
+    return (label if label and seed.isdigit() else name).removeprefix('out-').removeprefix('out_')
 
 
-def named_as_recorded(path):  # its folder's name says what its log records: attn and seed (coupled-s1, out-coupled-s1)
-    cfg = next((r['config'] for r in read_log(path) if r['event'] == 'start'), {})
-    return folder_label(path) == (cfg.get('attn'), str(cfg.get('seed')))
+def trained_in(path):  # its folder is one its log says the run trained in (a start's --out_dir), by name
+    folder = os.path.basename(os.path.dirname(os.path.abspath(path)))  # (abspath: the folder '.' has a name)
+    return folder in {os.path.basename(os.path.normpath(str(r['config'].get('out_dir'))))  # (normpath: out-coupled/)
+                      for r in read_log(path) if r['event'] == 'start'}
 
 
 def find_logs(folders):
     """Every metrics.jsonl under folders, each run once: copies of one log (cp -a, a link) count as one run, under
-    the name that says what the run records (its attn and seed), else the shortest path. A copy's age says nothing:
-    cp -a and rsync -a keep it."""
+    the name of the folder the run trained in (the out_dir its log records), else the shortest path. A copy's age
+    says nothing: cp -a and rsync -a keep it."""
     logs = {}
     for top in folders:
         for d, _, files in os.walk(top, followlinks=True):
@@ -90,7 +90,7 @@ def find_logs(folders):
                 logs.setdefault(digest, {}).setdefault(os.path.realpath(path), path)  # a folder reached twice: once
     kept = []
     for paths in logs.values():
-        original, *copies = sorted(paths.values(), key=lambda p: (len(paths) > 1 and not named_as_recorded(p),
+        original, *copies = sorted(paths.values(), key=lambda p: (len(paths) > 1 and not trained_in(p),
                                                                   len(p), p))  # (a copy's log read only then)
         if copies:
             print(f"note: {', '.join(copies)} {'is a copy' if len(copies) == 1 else 'are copies'} of {original}; "
@@ -119,7 +119,7 @@ def load_runs(folders):
         vocab = start[-1].get('vocab_size')  # (older logs: none, and only a non-finite loss fails)
         if not final['val_loss'] < (math.log(vocab) if vocab else 700):  # no better than a uniform guess
             final = dict(final, val_ppl=math.inf)
-        label = folder_label(path)[0]
+        label = folder_label(path)
         label = str(cfg.get('attn', '?')) if label in ('out', '') else label
         # what each start trained with: a setting changed at a resume makes no straight run
         sets = [{k: v for k, v in s['config'].items() if k not in NOT_COMPARED} | {'world_size': s.get('world_size')}
@@ -503,9 +503,13 @@ def plot_sweep(rows, path, key):
 
 
 def save(fig, path):
+    path += '.png' * (not os.path.splitext(path)[1])  # R/curves: R/curves.png, as matplotlib writes it, and said so
     os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    try:
+        fig.savefig(path, dpi=100)
+    except ValueError as e:  # a format matplotlib does not write (x.txt)
+        sys.exit(f"error: --plot={path}: {e}; name a .png file")
     print(f"wrote {path}", file=sys.stderr)
 
 

@@ -31,7 +31,7 @@ def fake_run(folder, evals, final_ppl, attn_last=None, nonlinear=None, diverged_
     (final_ppl None: a run that stopped). Returns its settings."""
     cfg = dict(dataset='pydocs', attn='standard', n_layer=2, n_head=4, n_embd=128, block_size=32, bias=False,
                pos='learned', batch_size=4, gradient_accumulation_steps=1, eval_iters=2, learning_rate=1e-3,
-               max_iters=evals[-1][0] // 128, warmup_iters=2, seed=1) | config
+               max_iters=evals[-1][0] // 128, warmup_iters=2, seed=1, out_dir=str(folder)) | config
     log_records(folder, dict(event='start', iter=0, config=cfg, world_size=world_size, tokens=0) | (start or {}))
     log_tail(folder, evals, final_ppl, attn_last, nonlinear, diverged_at, losses, model_iter)
     return cfg
@@ -167,9 +167,21 @@ def test_G3_each_run_is_counted_once_under_its_own_name_whatever_copies_it(tmp_p
     assert code == 0 and out == clean, out  # as without the copies
     assert f"{runs / 'coupled-s2.bak' / 'metrics.jsonl'} is a copy of {runs / 'coupled-s2' / 'metrics.jsonl'}; " \
            "counted once, as it" in err
-    # the link and cp -a's copy: counted as the folder whose name says what the log records (coupled, seed 1)
+    # the link and cp -a's copy: counted as the folder the run was trained in (its out_dir)
     assert f"{runs / 's1' / 'metrics.jsonl'}, {runs / 'coupled-s3' / 'metrics.jsonl'} are copies of " \
            f"{runs / 'coupled-s1' / 'metrics.jsonl'}" in err, err
+
+
+def test_G3_a_backup_of_a_run_in_the_readmes_folders_leaves_its_row_as_it_was(tmp_path, capsys):
+    runs = tmp_path / 'runs'  # the README's folders, which name no seed: out-standard, out-coupled
+    fake_run(runs / 'out-standard', CURVE, 8.0, out_dir='out-standard')
+    fake_run(runs / 'out-coupled', CURVE, 7.0, attn='coupled', out_dir='out-coupled')
+    code, clean, err = tabulate(capsys, runs)
+    shutil.copytree(runs / 'out-standard', runs / 'old')  # cp -a: backups, under shorter names
+    shutil.copytree(runs / 'out-coupled', runs / 'bak')
+    code, out, err = tabulate(capsys, runs)
+    assert code == 0 and set(table(out)) == {'standard', 'coupled'} and out == clean, out
+    assert f"{runs / 'bak' / 'metrics.jsonl'} is a copy of {runs / 'out-coupled' / 'metrics.jsonl'}" in err, err
 
 
 def test_G3_a_failed_run_is_counted_never_averaged_nor_drawn(tmp_path, capsys, monkeypatch):
@@ -233,6 +245,18 @@ def test_the_curves_are_drawn_or_the_report_says_how_to_get_them(tmp_path, capsy
     assert code == 0 and (tmp_path / 'c.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     code, out, err = tabulate(capsys, tmp_path / 'runs', f'--plot={tmp_path / "plots" / "c.png"}')  # no folder yet
     assert code == 0 and (tmp_path / 'plots' / 'c.png').exists() and '| coupled |' in out, err
+
+
+def test_G4_plot_writes_the_file_it_names_or_says_in_one_line_what_to_name(tmp_path, capsys):
+    pytest.importorskip('matplotlib')
+    fake_run(tmp_path / 'runs' / 'standard-s1', CURVE, 8.0)
+    code, out, err = tabulate(capsys, tmp_path / 'runs', f'--plot={tmp_path / "x.txt"}')
+    assert code == 1 and out == '' and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"error: --plot={tmp_path / 'x.txt'}: Format 'txt' is not supported") \
+        and err.strip().endswith('; name a .png file'), err
+    code, out, err = tabulate(capsys, tmp_path / 'runs', f'--plot={tmp_path / "R" / "curves"}')  # no extension
+    assert code == 0 and os.listdir(tmp_path / 'R') == ['curves.png'] and f"wrote {tmp_path / 'R' / 'curves.png'}" \
+        in err, err
 
 
 def test_a_row_compares_with_the_runs_that_trained_standard_whatever_their_folders_are_named(tmp_path, capsys):
