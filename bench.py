@@ -25,7 +25,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from model import (GPU_PEAK_FLOPS, PRESETS, GPT, CausalSelfAttention, GPTConfig, attn_names, autocast_dtype,
-                   flops_per_token, peak_flops, qk_flags_read)
+                   find_device, flops_per_token, peak_flops, qk_flags_read)
 
 MODES = ('train', 'forward', 'generate')
 
@@ -382,13 +382,13 @@ def main():
             GPTConfig(attn=v, qk_steps=args.qk_steps, qk_hidden=args.qk_hidden, **PRESETS[args.preset])
         except ValueError as e:  # e.g. --qk_steps=8
             p.error(str(e))
-    device = args.device if args.device != 'auto' else 'cuda' if torch.cuda.is_available() else 'cpu'
+    try:
+        device = find_device(args.device)
+    except ValueError as e:
+        p.error(str(e))
     if args.gpu_check and not torch.cuda.is_available():
         p.error("--gpu_check needs a CUDA GPU and there is none here; on a CPU, time a step with python bench.py "
                 "--preset=60m --mode=train")
-    if not {'cpu': True, 'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}.get(
-            device.split(':')[0]):
-        p.error(f"--device={device} is unknown, or not available here; use auto, cpu, cuda[:N] or mps")
     args.dtype = args.dtype or (autocast_dtype(device) if args.gpu_check else 'float32')
     torch.set_float32_matmul_precision('high')  # float32 matmuls on TF32 tensor cores (Ampere on)
     if not device.startswith('cuda'):

@@ -687,6 +687,22 @@ def peak_flops(device, dtype='bfloat16'):
     return peak / 2 if peak and dtype == 'float32' else peak
 
 
+def find_device(name='auto'):
+    """--device: auto is the first of cuda, mps and cpu that is here; a device not here is a ValueError saying why."""
+    here = dict(cuda=torch.cuda.is_available(), mps=torch.backends.mps.is_available(), cpu=True)
+    hidden = os.environ.get('CUDA_VISIBLE_DEVICES', '0').strip() in ('', '-1')  # the GPUs hidden on purpose
+    if name.split(':')[0] in ('auto', 'cuda') and not here['cuda'] and torch.version.cuda and not hidden \
+            and os.path.exists('/dev/nvidia0'):  # an NVIDIA GPU that this torch cannot drive
+        raise ValueError(f"torch {torch.__version__} is built for CUDA {torch.version.cuda}, which this machine's "
+                         "NVIDIA driver does not run, so it sees no GPU. Install the build your driver runs: "
+                         "pip install torch --index-url https://download.pytorch.org/whl/cu126 (drivers 525 and "
+                         "newer; nvidia-smi shows yours), or train on the CPU with --device=cpu")
+    device = next(d for d in here if here[d]) if name == 'auto' else name
+    if not here.get(device.split(':')[0]):
+        raise ValueError(f"--device={name} is unknown, or not available here; use auto, cpu, cuda[:N] or mps")
+    return device
+
+
 def autocast_dtype(device):  # dtype=auto: bf16 where native, fp16 on older CUDA GPUs (T4, V100), float32 off CUDA
     if not str(device).startswith('cuda'):
         return 'float32'

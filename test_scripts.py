@@ -508,8 +508,10 @@ BAD_FLAGS = [
     (['--out_dir='], "--out_dir= is empty (an unset shell variable?); give it a value, e.g. --out_dir=out"),
     (['--dataset=nowhere'], 'not found; prepare the corpus first: python prepare_data.py --input=PATH --name=nowhere'),
     (['--init_from=resume'], 'no checkpoint at'), (['--eval_only=True'], 'no checkpoint at'),
-    (['--device=cuda'], 'CUDA is not available here'), (['--device=mps'], 'MPS is not available here'),
+    (['--device=cuda'], '--device=cuda is unknown, or not available here'),
+    (['--device=mps'], '--device=mps is unknown, or not available here'),
     (['--device=tpu'], '--device=tpu is unknown'),
+    (['--init_from', 'resume'], "'--init_from' is not a flag; flags look like --key=value, e.g. --init_from=resume"),
 ]
 
 
@@ -530,6 +532,39 @@ def test_G4_bad_flags_give_one_clear_line(bad_flag_runs, args, words):
     r = bad_flag_runs[0][tuple(args)]
     assert one_line_error(r, words) and r.stderr.startswith('error:'), r.stderr
     assert not glob.glob(str(bad_flag_runs[1] / '*' / 'ckpt.pt'))
+
+
+NO_DRIVER = """
+import os, torch
+torch.version.cuda = '13.0'  # a CUDA build, whose CUDA this machine's driver does not run: torch sees no GPU
+exists = os.path.exists
+os.path.exists = lambda path: path == '/dev/nvidia0' or exists(path)  # an NVIDIA GPU is here
+"""
+
+
+def test_G4_a_cuda_build_that_sees_no_gpu_beside_an_nvidia_device_names_the_build_to_install(corpus, tmp_path):
+    # on a GPU node whose driver is older than the wheel's CUDA: one line naming the fix, not a CPU run
+    for script in (trains(corpus, tmp_path), ('bench.py', '--gpu_check')):
+        r = run(*script, patch=NO_DRIVER)
+        assert one_line_error(r, 'pip install torch --index-url https://download.pytorch.org/whl/cu126'), r.stderr
+    assert not os.path.exists(tmp_path / 'metrics.jsonl')
+
+
+def test_G3_a_corpus_prepared_again_while_a_run_trains_stops_it_with_no_final_record(corpus, tmp_path):
+    data, out, go = tmp_path / 'data', tmp_path / 'out', tmp_path / 'go'
+    shutil.copytree(corpus, data)
+    p = start(*trains(data, out, '--max_iters=4', '--eval_interval=2'), patch=HOLD.replace('GO', repr(str(go))))
+    wait_for(tmp_path / 'go.waiting')  # training
+    try:
+        (tmp_path / 'new.txt').write_text(TEXT)
+        prepare_data.prepare(input=str(tmp_path / 'new.txt'), name='pydocs', data_dir=str(data), force=True)
+    finally:
+        go.touch()
+    _, err = p.communicate(timeout=240)
+    assert p.returncode == 2 and err.strip() == (f"error: {data}/pydocs was prepared again while this run trained, so "
+                                                 "its final evaluation would score other text; train it again in "
+                                                 "another --out_dir"), err
+    assert 'final' not in [m['event'] for m in metrics(out)]
 
 
 def test_G4_under_torchrun_a_mistake_is_one_line_from_rank_0(corpus, tmp_path):

@@ -55,10 +55,13 @@ signal.signal(signal.SIGTERM, on_signal)
 sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, under nohup too (a compile takes minutes)
 
 import difflib
+import hashlib
+import inspect
 import json
 import math
 import time
 from dataclasses import fields
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -66,8 +69,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
-from model import (POS, PRESETS, GPT, GPTConfig, attn_names, autocast_dtype, diagnostics, flops_per_token, peak_flops,
-                   qk_flags_read)
+from model import (POS, PRESETS, GPT, GPTConfig, attn_names, autocast_dtype, diagnostics, find_device, flops_per_token,
+                   peak_flops, qk_flags_read)
+
+model_sha256 = hashlib.sha256(open(inspect.getsourcefile(GPT), 'rb').read()).hexdigest()  # the model.py imported
 
 # -----------------------------------------------------------------------------
 _before = set(globals())  # the settings: what this block adds
@@ -158,11 +163,15 @@ if {'-h', '--help'} & set(sys.argv[1:]):
     print(__doc__ + '\nflags and their defaults:\n' + '\n'.join(f"  --{k}={v}" for k, v in defaults.items()))
     sys.exit(0)
 given = {}  # the command line's flags
-for arg in sys.argv[1:]:
+for i, arg in enumerate(sys.argv[1:], 2):
     key, eq, text = arg.removeprefix('--').partition('=')
     if not (arg.startswith('--') and eq and key in defaults):
         near = difflib.get_close_matches(key, defaults, 1)
-        die(f"{arg!r} is not a flag; flags look like --key=value{f', e.g. --{near[0]}' if near else ''}; see --help")
+        if arg.startswith('--') and key in defaults:  # --key value, or --key alone: argparse's habit
+            after = sys.argv[i] if i < len(sys.argv) else ''
+            text = after if after[:1] not in ('', '-') else 'True' if defaults[key] is False else defaults[key]
+        die(f"{arg!r} is not a flag; flags look like --key=value"
+            f"{f', e.g. --{near[0]}={text}' if near else ''}; see --help")
     given[key] = parse(key, text)
 settings = defaults | PRESETS.get(given.get('preset'), {}) | given
 out_dir, ckpt_path = settings['out_dir'], os.path.join(settings['out_dir'], 'ckpt.pt')
@@ -170,18 +179,18 @@ trains = not (settings['eval_only'] or settings['sample'])
 
 # DDP and the device come first: then every rank takes rank 0's decision on the out_dir
 ddp = 'RANK' in os.environ  # launched by torchrun?
-device = settings['device']
-if device == 'auto':
-    device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+try:
+    device = find_device(settings['device'])
+except ValueError as e:
+    die(str(e))
 device_type = device.split(':')[0]
-if not {'cpu': True, 'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}.get(device_type):
-    die(f"--device={device} is unknown, or {device_type.upper()} is not available here; use auto, cpu, cuda[:N] or mps")
 if ddp:
     rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
     if device_type == 'cuda':
         device = f'cuda:{local_rank}'
         torch.cuda.set_device(device)
-    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
+    # NCCL's default timeout, 10 minutes, can pass while the ranks wait for each other's compile (350m)
+    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo', timeout=timedelta(minutes=30))
 else:
     rank, local_rank, world_size = 0, 0, 1
 settings['device'] = device  # as resolved (never taken from a checkpoint)
@@ -295,8 +304,7 @@ if compiled:
     print0("compiling the model...")
     model = torch.compile(model)  # lazy: it compiles at its first call
 if ddp:  # around the compiled model, as PyTorch's docs say: the graph splits at DDP's gradient buckets
-    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None,
-                broadcast_buffers=False)  # the buffers (rope's tables) are the same on every rank
+    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
 if compiled:  # one step now, without gradient sync: if it fails, the run goes on eager
     try:
         with model.no_sync() if ddp else nullcontext(), autocast, torch.random.fork_rng(
@@ -306,7 +314,7 @@ if compiled:  # one step now, without gradient sync: if it fails, the run goes o
         e, compiled = getattr(e, 'inner_exception', e), False
         if isinstance(e, torch.cuda.OutOfMemoryError) or 'CUDA error' in str(e):  # the GPU's: eager would fail too
             raise e
-        print(f"warning: torch.compile failed ({type(e).__name__}: {str(e)[:100]}); running eager")
+        print0(f"warning: torch.compile failed ({type(e).__name__}: {str(e)[:100]}); running eager")
     raw_model.zero_grad(set_to_none=True)
     ok = torch.tensor(float(compiled), device=device)
     if ddp:  # a rank that failed: every rank runs eager
@@ -415,7 +423,8 @@ t_start = t_log = time.time()
 if trains:
     log(dict(event='start', iter=iter_num, tokens=tokens, config=config, vocab_size=meta['vocab_size'],
              params=raw_model.get_num_params(), qk_params=sum(p.numel() for p in raw_model.qk_parameters()),
-             world_size=world_size, compiled=compiled, fingerprint=meta['fingerprint']))
+             world_size=world_size, compiled=compiled, fingerprint=meta['fingerprint'],
+             model_sha256=model_sha256))
     batch_state = train_gen.get_state()  # what a checkpoint keeps: the generator before the next batch
     X, Y = get_batch('train', train_gen)
 
@@ -556,6 +565,9 @@ elif sample:
 else:
     # the model the final evaluation scores: the last weights, or the best-only checkpoint's
     model_iter, model_tokens = iter_num, tokens
+    if prepare_data.load(data_dir, dataset, block_size)[0]['fingerprint'] != meta['fingerprint']:
+        die(f"{data_dir}/{dataset} was prepared again while this run trained, so its final evaluation would score "
+            f"other text; train it again in another --out_dir")
     if saved_iter != iter_num:
         best = torch.load(ckpt_path, map_location='cpu', weights_only=True)  # AdamW's state stays off the GPU
         raw_model.load_state_dict(best['model'])
