@@ -285,10 +285,17 @@ def gpu_check(args, device):
         print(f"note: no MFU: {name!r} is not in model.GPU_PEAK_FLOPS; set GPU_PEAK_TFLOPS to its dense bf16 TFLOP/s")
     out, move = qk_bf16_error(device)
     print(f"q/k map (coupled) in bf16 against float64: output {out:.2%}, its move {move:.2%} (relative errors)")
-    records = []
-    for compiled in ('False', 'True'):
+    records, cuda, synced = [], device.startswith('cuda'), []
+    for compiled in ('False', 'True'):  # eager, then compiled as the recipe trains
         args.compile = compiled
-        res = timing(args, ['standard', 'coupled'], ['train'], device)
+        try:  # CUDA: a host sync in a timed step is an error (a step queues its work; it never waits for the GPU)
+            res = timing(args, ['standard', 'coupled'], ['train'], device, sync_check=cuda)
+        except RuntimeError as e:
+            if not (cuda and 'synchroniz' in str(e)):
+                raise
+            torch.cuda.set_sync_debug_mode('default')
+            synced.append(f"{'compiled' if compiled == 'True' else 'eager'} ({why(e)})")
+            res = timing(args, ['standard', 'coupled'], ['train'], device)
         print_timing(res, args)
         records += list(res.values())
     args.compile, args.qk_steps = 'False', 7  # coupled --qk_steps=7 (14 forces a layer) beside steps 1, eager
@@ -296,18 +303,9 @@ def gpu_check(args, device):
     records.append(res[('coupled', 'train')] | dict(attn='coupled (qk_steps=7)'))
     print(f"coupled --qk_steps=7 / standard, eager: {res[('coupled', 'train')]['ratio_vs_standard']:.3f}")
     args.qk_steps = 1
-    if device.startswith('cuda'):  # a timed step where any device-to-host sync is an error (CUDA only)
-        args.iters, iters = 1, args.iters
-        try:
-            timing(args, ['standard', 'coupled'], ['train'], device, sync_check=True)
-            print("sync debug mode 'error': a training step of standard and coupled makes no host sync")
-        except RuntimeError as e:
-            print(f"sync debug mode 'error': a host sync in a training step ({why(e)})")
-        finally:
-            torch.cuda.set_sync_debug_mode('default')
-            args.iters = iters
-    else:
-        print("sync debug mode: skipped (CUDA only)")
+    print("sync debug mode: skipped (CUDA only)" if not cuda else
+          f"sync debug mode 'error': a host sync in a training step, {', '.join(synced)}" if synced else
+          "sync debug mode 'error': a training step of standard and coupled makes no host sync, eager or compiled")
     layouts = {}
     for split in (False, True):  # diff's attention: one SDPA call per sub-head (v at 2hs), or per half of v (flash)
         CausalSelfAttention.split_v = split
