@@ -18,8 +18,5 @@ JOBS += [(f"runs/laptop/pydocs/{n}-s{s}", f"--dataset=pydocs --seed={s} {P} {fla
          for s in (1, 2, 3) for n, flags in PYDOCS_ONLY]
 
 if __name__ == '__main__':
-    runner.start()
-    for corpus in ('pydocs', 'shakespeare', 'web'):
-        runner.prepare(corpus)
-    runner.run(JOBS)
+    runner.run(JOBS, lambda: [runner.prepare(corpus) for corpus in ('pydocs', 'shakespeare', 'web')])
     report.report(['runs/laptop'], plot='results/curves.png')

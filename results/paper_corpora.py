@@ -30,7 +30,5 @@ def prepare():  # prepare_data.py keeps finished work
 
 
 if __name__ == '__main__':
-    runner.start()
-    prepare()
-    runner.run(JOBS)
+    runner.run(JOBS, prepare)
     report.report(['runs/laptop/wikitext', 'runs/laptop/pubmed'], plot='results/curves-paper-corpora.png')

@@ -45,10 +45,13 @@ def start():
     os.chdir(ROOT)
 
 
-def run(jobs, jobs_at_once=2):
-    """jobs: [(out_dir, train.py flags)], made in this order, jobs_at_once at a time; those finished are skipped."""
+def run(jobs, prepare=None, jobs_at_once=2):
+    """jobs: [(out_dir, train.py flags)], made in this order, jobs_at_once at a time; those finished are skipped.
+    prepare(): makes the corpora they read, called only when a job is missing (a clone's kept runs need none)."""
     start()
     todo = [j for j in jobs if not finished(j[0])]
+    if todo and prepare:
+        prepare()
     print(f"{len(jobs) - len(todo)} of {len(jobs)} runs finished already; training {len(todo)}, {jobs_at_once} at a "
           "time", flush=True)
     try:

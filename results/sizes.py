@@ -130,13 +130,12 @@ def plot(rows, path='results/sizes.png'):
 
 if __name__ == '__main__':
     runner.start()
-    paper_corpora.prepare()  # the WikiText text
     for size in ('small', 'middle', 'tiny'):  # the slowest first: a size's picks, widened until bracketed, its seeds
         picks = []
         while size != 'tiny' and picks != [run(size, lr, a, 1) for a in ATTN for lr in grid(size, a)]:
             picks = [run(size, lr, a, 1) for a in ATTN for lr in grid(size, a)]
-            runner.run(picks)
-        runner.run(jobs(size))
+            runner.run(picks, paper_corpora.prepare)  # the WikiText text, if a run is missing
+        runner.run(jobs(size), paper_corpora.prepare)
     picks_table()
     rows = table()
     if len(rows) == 1 + len(SIZES):

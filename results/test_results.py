@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -406,3 +407,28 @@ def test_G1_the_runner_resumes_a_run_cut_short_and_keeps_its_output(tmp_path, mo
     runner.train((str(out), '--attn=coupled'))
     assert open(f"{out}.log").read().splitlines() == [f"--attn=coupled --out_dir={out}",
                                                       f"--attn=coupled --out_dir={out} --init_from=resume"]
+
+
+def tables(text):  # the markdown tables in text: [[row, ...], ...]
+    blocks = [b.splitlines() for b in ('\n'.join(line if line.startswith('|') else '' for line in text.splitlines())
+                                       ).split('\n\n')]
+    return [[row for row in b if row] for b in blocks if any(b)]
+
+
+def test_a_clone_recomputes_sizes_md_from_its_kept_logs_with_no_corpus_and_no_training(tmp_path):
+    """A run's metrics.jsonl is kept in git: on a clone (its tracked files, no corpus, no checkpoint, no train.py to
+    start) results/sizes.py trains nothing and prints the tables results/sizes.md shows, to the digit."""
+    root = os.path.dirname(HERE)
+    kept = subprocess.run(['git', 'ls-files', 'runs', 'results/*.py', 'model.py'], cwd=root, capture_output=True,
+                          text=True).stdout.split()
+    if not any(f.startswith('runs/') for f in kept):
+        pytest.skip('no kept runs here (not a git checkout, or none kept yet)')
+    for f in kept:
+        os.makedirs(tmp_path / os.path.dirname(f), exist_ok=True)
+        shutil.copy(os.path.join(root, f), tmp_path / f)
+    r = run('results/sizes.py', cwd=tmp_path, env=dict(CORPORA_DIR=''), timeout=120)
+    said = [line for line in r.stdout.splitlines() if 'runs finished already' in line]
+    assert said and all(line.endswith('training 0, 2 at a time') for line in said), r.stdout + r.stderr[-2000:]
+    assert not os.path.exists(tmp_path / 'data')
+    page = tables(open(os.path.join(HERE, 'sizes.md')).read())
+    assert tables(r.stdout) and all(t in page for t in tables(r.stdout)), r.stdout
