@@ -38,22 +38,15 @@ class GPTConfig:
     qk_decay: bool = False   # weight decay on the q/k nets' matrices too
     pos: str = 'learned'     # 'learned' absolute positions, or 'rope' (applied after the q/k dynamics)
 
-    def __post_init__(self):
-        def check(ok, msg):
-            if not ok: raise ValueError(msg)  # noqa: E701
-        check(self.attn in attn_names(), f"attn={self.attn!r} is unknown; choose one of {', '.join(attn_names())}")
-        check(self.pos in POS, f"pos={self.pos!r} is unknown; choose one of {', '.join(POS)}")
-        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'qk_hidden'):
-            check(getattr(self, name) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
-        check(self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
-              f"pick n_head among {[h for h in range(1, 33) if self.n_embd % h == 0]}")
-        check(1 <= self.qk_steps <= 7, f"qk_steps must be in 1..7 (the paper's range), got {self.qk_steps}")
-        check(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
-        check(self.qk_scale >= 0, f"qk_scale must be >= 0 (0: the plain initialization), got {self.qk_scale}")
-        check(not self.diff or self.n_head % 2 == 0,
-              f"attn={self.attn} pairs heads into sub-heads: n_head must be even, got {self.n_head}")
-        check(self.pos != 'rope' or self.n_embd // self.n_head % 2 == 0,
-              f"pos=rope needs an even head size, got n_embd/n_head = {self.n_embd // self.n_head}")
+    def __post_init__(self):  # a flag's plausible mistakes: one line each (an absurd value: Python's own error)
+        for name, known in (('attn', attn_names()), ('pos', POS)):
+            if getattr(self, name) not in known:
+                raise ValueError(f"{name}={getattr(self, name)!r} is unknown; choose one of {', '.join(known)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; pick n_head among "
+                             f"{[h for h in range(1, 33) if self.n_embd % h == 0]}")
+        assert not self.diff or self.n_head % 2 == 0, "diff pairs heads into sub-heads: n_head must be even"
+        assert self.pos != 'rope' or self.n_embd // self.n_head % 2 == 0, "rope rotates pairs: an even head size"
 
     @property
     def diff(self):  # 'diff' or 'diff+<entry>'
@@ -109,9 +102,6 @@ def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
     s = torch.sigmoid(z)
     return s * (1 + z * (1 - s))
 
-
-# Forces: forward(q, scale) = scale F(q); gradient: whether F = -grad V; flops(hs, m) -> (matmul, elementwise) a call,
-# per token and head
 
 class Potential(HeadMLP):
     """Our reading: F(q) = -grad V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head (w_j: the rows of W)."""
@@ -464,8 +454,8 @@ class GPT(nn.Module):
         """idx (B, T) -> logits (B, T, vocab), loss (or None). With a KVCache, idx holds only the new tokens."""
         b, t = idx.size()
         past = 0 if cache is None else len(cache)
-        if past + t > self.config.block_size:
-            raise ValueError(f"cannot forward {past + t} positions, block_size is only {self.config.block_size}")
+        assert past + t <= self.config.block_size, f"cannot forward {past + t} positions, block_size is only " \
+                                                   f"{self.config.block_size}"
         x = self.transformer.wte(idx)  # token embeddings of shape (b, t, n_embd)
         if self.transformer.wpe is not None:
             x = x + self.transformer.wpe(torch.arange(past, past + t, device=idx.device))

@@ -501,8 +501,7 @@ BAD_FLAGS = [
     (['--bacth_size=3'], "'--bacth_size=3' is not a flag; flags look like --key=value, e.g. --batch_size"),
     (['--batch_size=four'], "--batch_size expects an integer, got 'four'"), (['--dropout=zero'], 'expects a number'),
     (['--compile=maybe'], 'True or False'), (['--max_iters', '5'], 'flags look like --key=value'),
-    (['--n_head=3'], 'not divisible'), (['--attn=diff', '--n_head=1', '--n_embd=64'], 'even'),
-    (['--attn=coupled', '--qk_steps=9'], '1..7'), (['--block_size=10000000'], 'lower --block_size'),
+    (['--n_head=3'], 'not divisible'), (['--block_size=10000000'], 'lower --block_size'),
     (['--qk_dt=0.5'], "--attn=standard reads no --qk_dt; drop it, or choose a variant that reads it"),
     (['--attn=invertible', '--qk_dt=0.5', '--qk_steps=2'], "--attn=invertible reads no --qk_dt;"),
     (['--out_dir='], "--out_dir= is empty (an unset shell variable?); give it a value, e.g. --out_dir=out"),
@@ -1320,7 +1319,6 @@ def test_bench_writes_one_record_per_variant_and_mode(tmp_path, capsys, monkeypa
     (['--attn=hamiltonian'], 'hamiltonian'), (['--mode=backward'], 'backward'), (['--preset=huge'], 'preset'),
     (['--device=tpu'], '--device=tpu is unknown, or not available here'), (['--plan', '--world_size=3'],
                                                                             '--world_size=3'),
-    (['--attn=coupled', '--qk_steps=8'], 'qk_steps must be in 1..7'),
     (['--attn=standard,diff', '--qk_hidden=3'], '--attn=standard,diff reads no --qk_hidden; drop it'),
     *([] if torch.backends.mps.is_available() else [(['--device=mps'], '--device=mps is unknown, or not available')]),
 ])
