@@ -61,19 +61,15 @@ class GPTConfig:
 # ----------------------------------------------------------------------------------------------------------------
 # q/k transforms. Each maps q, k of shape (B, nh, T, hs) per head and per token: positions never mix.
 
-class Table(dict):  # an unknown name is an error, never a default; a taken one is refused, and so is a reserved one
-    def __init__(self, entries, what=None, reserved=None):
+class Table(dict):  # an unknown name is an error, never a default; a taken one is refused
+    def __init__(self, entries, what=None):
         super().__init__(entries)
         self.what = what or entries.what  # what a name names (a copy, Table(table), keeps it)
-        self.reserved = reserved if reserved is not None else getattr(entries, 'reserved', ())
 
     def __missing__(self, name):
         raise ValueError(f"{self.what} {name!r} is unknown; choose one of {', '.join(self)}")
 
     def __setitem__(self, name, value):  # `del TABLE[name]` first to replace a built-in on purpose
-        if name in self.reserved or self.reserved and '+' in name:  # what --attn would read as its own words
-            raise ValueError(f"{self.what} {name!r}: --attn reads {', '.join(self.reserved)} and '+' itself; give "
-                             "yours another name")
         if name in self:
             raise ValueError(f"{self.what} {name!r} is taken; give yours another name")
         super().__setitem__(name, value)
@@ -267,7 +263,7 @@ QK_TRANSFORMS = Table({
     'invertible': QKTransform(Invertible, lambda c: {}, lambda m: max(1, round(0.4 * m)),
                               lambda hs, h, n: (n * 12 * h * hs, n * (4 * h + 8 * hs)),
                               False, False, False, order=None, identity_at_zero=False),
-}, 'q/k transform', reserved=('standard', 'diff'))  # --attn's own words: never an entry's name, nor '+'
+}, 'q/k transform')
 
 
 def attn_names():  # every --attn value, read from the table when asked (an entry added later counts)
@@ -526,7 +522,7 @@ class KVCache:
         return keys[:, :, :n + T], values[:, :, :n + T]
 
 
-class Seen(Exception):  # every module seen_by watches has given its output: the rest of the forward is not needed
+class Seen(Exception):  # every watched module has given its output: the forward can stop
     pass
 
 
@@ -551,17 +547,15 @@ def seen_by(model, idx, modules):
     return seen
 
 
-# the affine fit has 2 hs + 1 unknowns per output; with as many tokens it fits anything. Below FIT_TOKENS distinct
-# tokens per unknown, or rank-deficient [q, k, 1], nonlinear is None. At the floor it reads ~6% low (a residual
-# shrinks as sqrt(1 - unknowns / tokens))
+# the affine fit has 2 hs + 1 unknowns per output. Below FIT_TOKENS distinct tokens per unknown, or with [q, k, 1]
+# rank-deficient, nonlinear is None; at the floor it reads ~6% low (a residual shrinks as sqrt(1 - unknowns/tokens))
 FIT_TOKENS = 8
 
 
 @torch.no_grad()
 def qk_diagnostics(model, idx):
-    """How much, and how nonlinearly, each layer's q/k map moves tokens idx (B, T). Per layer (and head): dq =
-    |q' - q| / |q|, dk = |k' - k| / |k|, nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)| (per head,
-    ~0 for a map W_q, W_k could absorb); and the per-head `scalars` the map declares (dt)."""
+    """Per layer, how far and how nonlinearly its q/k map moves tokens idx (B, T): dq = |q' - q| / |q|, dk alike,
+    nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)| (also per head), and the map's `scalars` (dt)."""
     maps = [blk.attn.qk for blk in model.transformer.h if blk.attn.qk is not None]
     if not maps:
         return []
@@ -680,8 +674,7 @@ def peak_flops(device, dtype='bfloat16'):
 def find_device(name='auto'):
     """--device: auto is the first of cuda, mps and cpu that is here; a device not here is a ValueError saying why."""
     here = dict(cuda=torch.cuda.is_available(), mps=torch.backends.mps.is_available(), cpu=True)
-    hidden = os.environ.get('CUDA_VISIBLE_DEVICES', '0').strip() in ('', '-1')  # the GPUs hidden on purpose
-    if name.split(':')[0] in ('auto', 'cuda') and not here['cuda'] and torch.version.cuda and not hidden \
+    if name.split(':')[0] in ('auto', 'cuda') and not here['cuda'] and torch.version.cuda \
             and os.path.exists('/dev/nvidia0'):  # an NVIDIA GPU that this torch cannot drive
         raise ValueError(f"torch {torch.__version__} is built for CUDA {torch.version.cuda}, which this machine's "
                          "NVIDIA driver does not run, so it sees no GPU. Install the build your driver runs: "

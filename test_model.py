@@ -804,12 +804,6 @@ def test_a_forkers_planted_mistake_fails_its_entrys_tests_naming_the_entry_and_t
             test(name, *args)
 
 
-def test_a_table_entry_cannot_take_a_name_that_attn_reads_itself():
-    for name in ('standard', 'diff', 'diff+mine', 'mine+coupled'):
-        with pytest.raises(ValueError, match=re.escape(f"q/k transform {name!r}: --attn reads standard, diff and")):
-            QK_TRANSFORMS[name] = QK_NORM
-    assert not {'standard', 'diff'} & set(QK_TRANSFORMS)
-
 def invert(inv, q, k):  # Invertible's map backwards: q = (q - t2(k)) exp(-s2(k)), then k = (k - t1(q)) exp(-s1(q))
     for _ in range(inv.steps):
         s2, t2 = inv.scale_shift(inv.st2, k)
