@@ -1239,17 +1239,21 @@ def test_the_qk_map_in_bf16_stays_within_bf16s_rounding_of_float32():
 # bench.py: records, not timings (timings are never asserted)
 
 def bench_main(capsys, monkeypatch, *args):
-    """python bench.py ARGS in this process (a subprocess would pay torch's import): a CompletedProcess."""
+    """python bench.py ARGS in this process (a subprocess would pay torch's import): a CompletedProcess, with the
+    records main() returned (None where it exited)."""
     monkeypatch.setattr(sys, 'argv', ['bench.py', *args])
+    records = None
     try:
-        bench.main()
+        records = bench.main()
         code = 0
     except SystemExit as e:
         if isinstance(e.code, str):  # sys.exit('error: ...'): Python prints the line and exits with 1
             print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else int(e.code is not None)
     out = capsys.readouterr()
-    return subprocess.CompletedProcess('bench.py', code, out.out, out.err)
+    r = subprocess.CompletedProcess('bench.py', code, out.out, out.err)
+    r.records = records
+    return r
 
 
 def failing_backend(gm, inputs):
@@ -1257,7 +1261,7 @@ def failing_backend(gm, inputs):
 
 
 @pytest.mark.parametrize('backend', ['eager', failing_backend])
-def test_gpu_check_runs_at_a_reduced_shape_on_cpu(tmp_path, capsys, monkeypatch, backend):
+def test_gpu_check_runs_at_a_reduced_shape_on_cpu(capsys, monkeypatch, backend):
     # as on a GPU (CUDA's presence patched), at a tiny shape on the CPU; Dynamo with its cheapest backend, or with
     # one that fails: the check goes on eager and every record says whether compile ran
     available = torch.cuda.is_available  # True for bench.py's own question only (Dynamo asks it too)
@@ -1265,10 +1269,9 @@ def test_gpu_check_runs_at_a_reduced_shape_on_cpu(tmp_path, capsys, monkeypatch,
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: asked_by_bench() or available())
     real = torch.compile
     monkeypatch.setattr(torch, 'compile', lambda model: real(model, backend=backend))
-    out = tmp_path / 'check.jsonl'
     r = bench_main(
         capsys, monkeypatch, '--gpu_check', '--device=cpu', '--dtype=bfloat16', '--preset=tiny', '--batch_size=2',
-        '--block_size=16', '--vocab_size=64', '--iters=1', '--warmup=0', f'--json_out={out}')
+        '--block_size=16', '--vocab_size=64', '--iters=1', '--warmup=0')
     assert r.returncode == 0, r.stderr[-2000:]
     works = backend == 'eager'
     failed = [f'torch.compile failed for {v}' in r.stdout for v in ('standard', 'coupled')]
@@ -1280,7 +1283,7 @@ def test_gpu_check_runs_at_a_reduced_shape_on_cpu(tmp_path, capsys, monkeypatch,
     assert re.search(r'coupled / standard, eager: \d+\.\d{3}\n', r.stdout), r.stdout[-1500:]
     assert re.search(r'coupled / standard, compiled: \d+\.\d{3}\n', r.stdout) or not works
     assert ('compile did not run' in r.stdout) != works and 'diff, eager: v at 2hs' in r.stdout
-    records = [json.loads(line) for line in open(out)]
+    records = r.records
     assert sorted(rec['attn'] for rec in records) == ['coupled', 'coupled', 'coupled (qk_steps=7)',
                                                       'diff (split_v=False)', 'diff (split_v=True)', 'standard',
                                                       'standard']
@@ -1297,13 +1300,12 @@ def test_gpu_check_without_cuda_is_one_line(capsys, monkeypatch):
     assert one_line_error(r, '--gpu_check needs a CUDA GPU') and r.stdout == ''
 
 
-def test_bench_writes_one_record_per_variant_and_mode(tmp_path, capsys, monkeypatch):
-    out = tmp_path / 'bench.jsonl'
+def test_bench_returns_one_record_per_variant_and_mode(capsys, monkeypatch):
     r = bench_main(
         capsys, monkeypatch, '--preset=tiny', '--attn=coupled,diff+coupled', '--vocab_size=64', '--batch_size=2',
-        '--block_size=16', '--new_tokens=4', '--iters=1', '--warmup=0', f'--json_out={out}')
+        '--block_size=16', '--new_tokens=4', '--iters=1', '--warmup=0')
     assert r.returncode == 0, r.stderr[-2000:]
-    records = [json.loads(line) for line in open(out)]
+    records = list(r.records.values())
     modes = ('train', 'forward', 'generate', 'generate-nocache')
     assert {(rec['attn'], rec['mode']) for rec in records} == {(a, m) for a in ('standard', 'coupled', 'diff+coupled')
                                                                 for m in modes}
@@ -1312,7 +1314,6 @@ def test_bench_writes_one_record_per_variant_and_mode(tmp_path, capsys, monkeypa
         assert (rec['ratio_vs_standard'] == 1.0) == (rec['attn'] == 'standard')
     flop = {rec['attn']: rec['flop_model_ratio'] for rec in records if rec['mode'] == 'train'}
     assert flop['standard'] == 1.0 and 1.0 < flop['coupled'] < flop['diff+coupled'] < 1.05
-    assert 'KV cache generates 4 tokens' in r.stdout
 
 
 @pytest.mark.parametrize('args, words', [
@@ -1320,6 +1321,7 @@ def test_bench_writes_one_record_per_variant_and_mode(tmp_path, capsys, monkeypa
     (['--device=tpu'], '--device=tpu is unknown, or not available here'), (['--plan', '--world_size=3'],
                                                                             '--world_size=3'),
     (['--attn=standard,diff', '--qk_hidden=3'], '--attn=standard,diff reads no --qk_hidden; drop it'),
+    (['--json_out=bench.jsonl'], '--json_out has moved: results/speed.py writes its records to runs/speed.jsonl'),
     *([] if torch.backends.mps.is_available() else [(['--device=mps'], '--device=mps is unknown, or not available')]),
 ])
 def test_bench_bad_flags_give_one_clear_line(args, words, capsys, monkeypatch):

@@ -432,3 +432,14 @@ def test_a_clone_recomputes_sizes_md_from_its_kept_logs_with_no_corpus_and_no_tr
     assert not os.path.exists(tmp_path / 'data')
     page = tables(open(os.path.join(HERE, 'sizes.md')).read())
     assert tables(r.stdout) and all(t in page for t in tables(r.stdout)), r.stdout
+
+
+def test_speed_keeps_bench_pys_records_and_prints_what_speed_md_quotes_beside_its_table(capsys):
+    # results/speed.py's bench.py run at a tiny shape (a ratio of one step: any size; a timing is never asserted)
+    import speed
+    records = []
+    flags = '--preset=tiny --vocab_size=64 --batch_size=2 --block_size=16 --new_tokens=4 --iters=1 --warmup=0'
+    results = speed.bench_py(flags, records)
+    out = capsys.readouterr().out
+    assert 'KV cache generates 4 tokens' in out and 'FLOP model: vs standard, coupled +' in out, out[-1500:]
+    assert len(records) == len(results) == 8 and all(r['flags'] == flags for r in records)
