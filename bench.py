@@ -2,9 +2,9 @@
 Speed: time attention variants against standard (a training step, a forward pass, generation with and without the
 KV cache) beside the FLOP model's ratio; plan a GPU run, and check a first GPU.
 
-  python bench.py                        # standard vs coupled, small preset, CPU-friendly
+  python bench.py                        # standard vs coupled, small preset, on a CPU
   python bench.py --preset=60m --attn=standard,coupled,euler --mode=train --compile=True
-  python bench.py --plan --world_size=8  # the GPU recipe: commands, tokens, GPU time (for 8 GPUs)
+  python bench.py --plan --world_size=8  # the GPU recipe: commands, tokens, GPU time
   python bench.py --gpu_check            # on one GPU, ~3 minutes: the recipe's step, eager and compiled
 
 results/speed.py makes the timings of results/speed.md.
@@ -12,7 +12,6 @@ results/speed.py makes the timings of results/speed.md.
 import argparse
 import math
 import sys
-import textwrap
 import time
 from contextlib import nullcontext
 from statistics import median
@@ -26,7 +25,7 @@ from model import (GPU_PEAK_FLOPS, PRESETS, GPT, CausalSelfAttention, GPTConfig,
 MODES = ('train', 'forward', 'generate')
 
 
-def flop_ratio(cfg, T):  # the FLOP model: cfg's variant over standard attention of its shape
+def flop_ratio(cfg, T):  # the FLOP model: cfg's variant over standard of its shape
     return flops_per_token(cfg, T) / flops_per_token(GPTConfig(**{**cfg.__dict__, 'attn': 'standard'}), T)
 
 
@@ -37,7 +36,7 @@ def flop_ratio(cfg, T):  # the FLOP model: cfg's variant over standard attention
 RECIPE = ("{launch} --preset=60m --dataset=wikitext103 --block_size=512 --batch_size={batch} "
           "--gradient_accumulation_steps={accum} --learning_rate=6e-4 --min_lr=6e-5 --warmup_iters=1000 "
           "--max_iters=20000 --eval_interval=1000{evals} --compile=True")
-# the last run is the paper's compute match: standard with 2.4x the tokens
+# the last: the paper's compute match, standard with 2.4x the tokens
 RECIPE_RUNS = {'standard': '--attn=standard', 'coupled': '--attn=coupled', 'euler': '--attn=euler',
                'uncoupled': '--attn=uncoupled', 'coupled-steps7': '--attn=coupled --qk_steps=7',
                'invertible': '--attn=invertible', 'diff': '--attn=diff', 'diff+coupled': '--attn=diff+coupled',
@@ -45,19 +44,11 @@ RECIPE_RUNS = {'standard': '--attn=standard', 'coupled': '--attn=coupled', 'eule
 PLAN_GPUS = {'H100': 'NVIDIA H100 80GB HBM3', 'A100': 'NVIDIA A100-SXM4-80GB'}  # SXM
 # estimates, never measured on these GPUs: the share of the bf16 peak, and the first step's compile on each rank
 UTILISATION, COMPILE_MINUTES = 0.35, 1.5
-# an evaluation: train.py's --eval_iters of the 1-GPU recipe's batch per split; rank 0's diagnostics (the q/k map's
-# 8,192 tokens, 8 sequences' attention)
-EVAL_ITERS, EVAL_BATCH, DIAG_TOKENS = 40, 32, 8192 + 8 * 512
+EVAL_ITERS, EVAL_BATCH = 40, 32  # an evaluation: 1,280 sequences, as train.py's --eval_iters at 32 a batch
 
 
-def plan_minutes(cfg, T, tokens, evals, world_size, peak):
-    """A run's minutes, estimated: training, split over the ranks; evals forward passes (a third of a step's FLOPs)
-    of the estimates' sequences, split over the ranks, and of DIAG_TOKENS, not split; compile."""
-    rate = UTILISATION * peak  # FLOP/s on one GPU
-    train = tokens * flops_per_token(cfg, T) / (rate * world_size)
-    forward = flops_per_token(cfg, T) / 3
-    evaluation = evals * forward * (2 * EVAL_ITERS * EVAL_BATCH * T / world_size + DIAG_TOKENS) / rate
-    return dict(train=train / 60, eval=evaluation / 60, compile=COMPILE_MINUTES)
+def plan_minutes(cfg, T, tokens, world_size, peak):  # training split over the ranks, then the compile
+    return tokens * flops_per_token(cfg, T) / (UTILISATION * peak * world_size) / 60 + COMPILE_MINUTES
 
 
 def plan(world_size):
@@ -87,21 +78,12 @@ def plan(world_size):
     for name, extra in RECIPE_RUNS.items():
         f = base | flags(extra)
         cfg = GPTConfig(attn=f['attn'], qk_steps=int(f.get('qk_steps', 1)), **PRESETS[f['preset']])
-        iters = int(f['max_iters'])
-        evals = iters // int(f['eval_interval']) + 1  # at 0, every eval_interval, and the last
-        parts = [plan_minutes(cfg, T, step * iters, evals, world_size, GPU_PEAK_FLOPS[g]) for g in PLAN_GPUS.values()]
-        if name == 'standard':
-            first, first_evals = parts, evals
-        print(f"| {name} | `$R {extra} --out_dir=runs/60m/{name}` | {step * iters / 1e9:.2f}B | "
-              f"{flops_per_token(cfg, T) / 1e9:.3f} | " + ' | '.join(fmt(sum(p.values())) for p in parts) + ' |')
-    shared = 'on one GPU' if world_size == 1 else f'shared by {world_size} GPUs'
-    note = (f"Each time is an estimate, not a measurement. Training is most of it, from the FLOP model at "
-            f"{UTILISATION:.0%} of the GPU's bf16 peak. Then come {first_evals} evaluations, each of "
-            f"{EVAL_ITERS * EVAL_BATCH:,} sequences of each split {shared}, and the diagnostics. Compilation adds "
-            f"about {COMPILE_MINUTES} minutes. The parts for standard are "
-            + ', '.join(f"{g} {p['train']:.0f} + {p['eval']:.1f} + {p['compile']} min"
-                        for g, p in zip(PLAN_GPUS, first)) + '.')
-    print('\n' + textwrap.fill(note, 116))
+        tokens = step * int(f['max_iters'])
+        minutes = [fmt(plan_minutes(cfg, T, tokens, world_size, GPU_PEAK_FLOPS[g])) for g in PLAN_GPUS.values()]
+        print(f"| {name} | `$R {extra} --out_dir=runs/60m/{name}` | {tokens / 1e9:.2f}B | "
+              f"{flops_per_token(cfg, T) / 1e9:.3f} | " + ' | '.join(minutes) + ' |')
+    print(f"\nEach time is an estimate, not a measurement: training from the FLOP model at {UTILISATION:.0%} of the "
+          f"GPU's bf16 peak,\nand {COMPILE_MINUTES} minutes of compilation. Evaluation adds under 1%.")
 
 
 # -----------------------------------------------------------------------------
@@ -113,7 +95,7 @@ def why(e):  # an exception, in a few words
 
 def timing(args, variants, modes, device, sync_check=False):
     """Time every (variant, mode) in interleaved rounds: {(variant, mode): record}. sync_check (CUDA): a host sync
-    in a timed step raises (building and warm-up may sync: copies to the GPU, compiling)."""
+    in a timed step raises (warm-up may sync)."""
     cuda = device.startswith('cuda')
     autocast = (torch.autocast(device.split(':')[0], dtype=getattr(torch, args.dtype))
                 if args.dtype != 'float32' else nullcontext())
@@ -126,8 +108,8 @@ def timing(args, variants, modes, device, sync_check=False):
         cfg = GPTConfig(attn=v, block_size=max(T, args.new_tokens + 1), vocab_size=args.vocab_size,
                         qk_steps=args.qk_steps, qk_hidden=args.qk_hidden, **PRESETS[args.preset])
         model = GPT(cfg, verbose=False)
-        flop[v] = flop_ratio(cfg, T) if 'train' in modes else None  # an entry without a price fails here
-        # standard's weights wherever the architectures agree: a CPU's speed depends on the values (up to +-5%)
+        flop[v] = flop_ratio(cfg, T) if 'train' in modes else None  # (no price: fails here)
+        # standard's weights where the architectures agree: a CPU's speed depends on the values (+-5%)
         if v != 'standard':
             model.load_state_dict(models['standard'].state_dict(), strict=False)
         models[v] = model = model.to(device)
@@ -154,11 +136,11 @@ def timing(args, variants, modes, device, sync_check=False):
           f"{args.vocab_size}, {device} ({torch.get_num_threads()} threads), {args.dtype}, compile={args.compile}")
     results, peak_flop = {}, peak_flops(device, args.dtype)  # None: unknown, no MFU
     for mode in [m for m in (*MODES, 'generate-nocache') if m.split('-')[0] in modes]:
-        # generation is slow: a third of the rounds; recomputing the context once, warmed up by the cached run
+        # generation: a third of the rounds; recomputing the context once, warmed up by the cached run
         iters = {'generate': max(1, args.iters // 3), 'generate-nocache': 1}.get(mode, args.iters)
         warmups = {'generate': 1, 'generate-nocache': 0}.get(mode, max(args.warmup, args.compile == 'True'))
         start = time.perf_counter()
-        for v in variants:  # warm-up (and compilation: at least one step)
+        for v in variants:  # warm-up (compiling: at least one step)
             graphs = counters['stats']['unique_graphs']
             for _ in range(warmups):
                 try:
@@ -173,8 +155,8 @@ def timing(args, variants, modes, device, sync_check=False):
         warm = time.perf_counter() - start
         times, peak = {v: [] for v in variants}, {}
         if sync_check:
-            torch.cuda.set_sync_debug_mode('error')  # until the timed rounds end (torch.cuda.synchronize is allowed)
-        for r in range(iters):  # A B B A ...: drift in machine speed, and going first, hit all alike
+            torch.cuda.set_sync_debug_mode('error')  # the timed rounds (torch.cuda.synchronize is allowed)
+        for r in range(iters):  # A B B A ...: drift, and going first, hit all alike
             for v in (variants if r % 2 == 0 else variants[::-1]):
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
@@ -186,7 +168,7 @@ def timing(args, variants, modes, device, sync_check=False):
                 if cuda:
                     peak[v] = max(peak.get(v, 0), torch.cuda.max_memory_allocated() / 2**20)
             spent = time.perf_counter() - start
-            print(f"  {mode}: round {r + 1}/{iters} | warm-up {warm:.0f} s | {spent:.0f} s so far, about "
+            print(f"  {mode}: round {r + 1}/{iters}, {spent:.0f} s so far, about "
                   f"{(spent - warm) / (r + 1) * (iters - r - 1):.0f} s left", flush=True)
         if sync_check:
             torch.cuda.set_sync_debug_mode('default')
@@ -194,7 +176,7 @@ def timing(args, variants, modes, device, sync_check=False):
         for v in variants:
             ms = 1000 * median(times[v])
             flops = flops_per_token(models[v].config, T) * ntok if train and peak_flop else None
-            # the median of each round's ratio to standard's: a slow spell (shared VM: +-10% for seconds) cancels
+            # the median of each round's ratio to standard's: a slow spell of the machine cancels
             ratio = median(t / t0 for t, t0 in zip(times[v], times['standard']))
             results[v, mode] = dict(attn=v, mode=mode, ms_per_iter=ms, tokens=ntok, tokens_per_s=ntok / ms * 1000,
                                     ratio_vs_standard=ratio, peak_mem_mb=peak.get(v),
@@ -219,8 +201,8 @@ def print_timing(results):
 # --gpu_check: the first thing to run on a GPU
 
 def qk_bf16_error(device):
-    """One layer's q/k map (coupled, 60m's heads) under bf16 autocast against float64, on bf16 q, k at their initial
-    spread: the relative error of its output (q', k') and of its move (q' - q, k' - k), the larger of q's and k's."""
+    """Coupled's q/k map (60m's heads) under bf16 autocast against float64, on bf16 q, k at their initial spread:
+    the relative errors of its output (q', k') and of its move (q' - q, k' - k), the larger of q's and k's."""
     torch.manual_seed(0)
     cfg = GPTConfig(attn='coupled', **(PRESETS['60m'] | dict(n_layer=1)), vocab_size=64)
     qk = GPT(cfg, verbose=False).transformer.h[0].attn.qk.to(device)
@@ -237,14 +219,14 @@ def qk_bf16_error(device):
 
 def gpu_check(args, device):
     """The recipe's training step (60m, GPT-2 vocabulary, 32 x 512 tokens, bf16 or fp16) timed eager and compiled,
-    standard and coupled, with MFU; coupled at 7 steps; diff's two SDPA layouts; the q/k map in bf16. Random tokens."""
+    standard and coupled, with MFU; diff's two SDPA layouts; the q/k map in bf16. Random tokens."""
     t_start, cuda = time.time(), device.startswith('cuda')
     name = torch.cuda.get_device_name(device) if cuda else device
     flop = flops_per_token(GPTConfig(vocab_size=args.vocab_size, **PRESETS[args.preset]), args.block_size)
     print(f"gpu check: {name}, preset {args.preset}, {args.batch_size} x {args.block_size} tokens, vocabulary "
           f"{args.vocab_size}, {args.dtype}; {flop * args.batch_size * args.block_size / 1e12:.1f} TFLOP a step")
     if not peak_flops(device, args.dtype):
-        print(f"note: no MFU: {name!r} is not in model.GPU_PEAK_FLOPS; set GPU_PEAK_TFLOPS to its dense bf16 TFLOP/s")
+        print(f"note: no MFU: set GPU_PEAK_TFLOPS to {name!r}'s dense bf16 TFLOP/s (not in model.GPU_PEAK_FLOPS)")
     out, move = qk_bf16_error(device)
     print(f"q/k map (coupled) in bf16 against float64: output {out:.2%}, its move {move:.2%} (relative errors)")
     records, synced, ratios = [], [], {}
@@ -265,18 +247,14 @@ def gpu_check(args, device):
     print("sync debug mode: skipped (CUDA only)" if not cuda else
           f"sync debug mode 'error': a host sync in a training step, {', '.join(synced)}" if synced else
           "sync debug mode 'error': a training step of standard and coupled makes no host sync, eager or compiled")
-    # eager: coupled at 7 steps (14 forces a layer); diff's attention as one SDPA call per sub-head (v at 2hs), or
-    # one per half of v (flash-eligible)
-    args.compile, more = 'False', {}
-    runs = (('coupled (qk_steps=7)', 'coupled', 7, None), ('diff (split_v=False)', 'diff', 1, False),
-            ('diff (split_v=True)', 'diff', 1, True))
-    for label, attn, steps, split in runs:
-        args.qk_steps, CausalSelfAttention.split_v = steps, split
-        more[label] = timing(args, ['standard', attn], ['train'], device)[attn, 'train'] | dict(attn=label)
-    args.qk_steps, CausalSelfAttention.split_v = 1, None
-    records += more.values()
-    print(f"coupled --qk_steps=7 / standard, eager: {more['coupled (qk_steps=7)']['ratio_vs_standard']:.3f}")
-    ms = {split: more[f"diff (split_v={split})"]['ms_per_iter'] for split in (False, True)}
+    # eager, diff's attention as one SDPA call per sub-head (v at 2hs), or one per half of v (flash-eligible)
+    args.compile, ms = 'False', {}
+    for split in (False, True):
+        CausalSelfAttention.split_v = split
+        records.append(timing(args, ['standard', 'diff'], ['train'], device)['diff', 'train']
+                       | dict(attn=f"diff (split_v={split})"))
+        ms[split] = records[-1]['ms_per_iter']
+    CausalSelfAttention.split_v = None
     print(f"diff, eager: v at 2hs {ms[False]:.1f} ms, v's halves (flash-eligible) {ms[True]:.1f} ms; faster: "
           f"split_v={min(ms, key=ms.get)} (the default on CUDA: split_v=True)")
     for compiled, ratio in sorted(ratios.items()):
@@ -300,7 +278,7 @@ def main(argv=None):
     p.add_argument('--mode', default='train,forward,generate', help='comma-separated, from: ' + ', '.join(MODES))
     p.add_argument('--batch_size', type=int, help='default 4 (--gpu_check: 32)')
     p.add_argument('--block_size', type=int, help='default 256 (--gpu_check: 512)')
-    p.add_argument('--vocab_size', type=int, default=50257, help="GPT-2's, as in the paper")
+    p.add_argument('--vocab_size', type=int, default=50257, help="GPT-2's")
     p.add_argument('--qk_steps', type=int, default=1)
     p.add_argument('--qk_hidden', type=int, default=GPTConfig.qk_hidden, help='hidden width of the potential')
     p.add_argument('--new_tokens', type=int, default=256, help='tokens generated in --mode=generate')
@@ -311,14 +289,12 @@ def main(argv=None):
                    help="default float32 (--gpu_check: bf16 where the GPU has it natively, else float16)")
     p.add_argument('--compile', default='False', choices=['True', 'False'])
     p.add_argument('--json_out', help=argparse.SUPPRESS)
-    p.add_argument('--plan', action='store_true', help="print the paper's 60M ablation as GPU commands with their cost")
+    p.add_argument('--plan', action='store_true', help="the paper's 60M ablation as GPU commands, with their cost")
     p.add_argument('--world_size', type=int, default=1, help='--plan: GPUs in all (8 a node)')
-    p.add_argument('--gpu_check', action='store_true', help="the recipe's training step on one CUDA GPU (60m, "
-                   "32 x 512 tokens, bf16 or fp16), eager and compiled, with MFU")
+    p.add_argument('--gpu_check', action='store_true', help="the recipe's step on one CUDA GPU, eager and compiled")
     args = p.parse_args(argv)
     if args.json_out:
-        p.error("--json_out has moved: results/speed.py writes its records to runs/speed.jsonl, and in Python "
-                "bench.main(ARGV) returns them")
+        p.error("--json_out has moved: results/speed.py writes runs/speed.jsonl; bench.main(ARGV) returns records")
     if args.plan:
         if args.world_size not in (1, 2, 4, 8, 16, 32, 64, 128):  # they split 128 sequences, and fill 8-GPU nodes
             p.error(f"--world_size={args.world_size}: the recipe's 128 sequences per step split evenly over 1, 2, 4, "
