@@ -45,13 +45,25 @@ def start():
     os.chdir(ROOT)
 
 
+unprepared = []  # the prepare() calls that failed: asked once
+
+
 def run(jobs, prepare=None, jobs_at_once=2):
     """jobs: [(out_dir, train.py flags)], made in this order, jobs_at_once at a time; those finished are skipped.
     prepare(): makes the corpora they read, called only when a job is missing (a clone's kept runs need none)."""
     start()
     todo = [j for j in jobs if not finished(j[0])]
-    if todo and prepare:
-        prepare()
+    if todo and prepare and prepare not in unprepared:
+        try:
+            prepare()
+        except SystemExit as e:  # no corpus here (a clone, say): the tables show the kept runs only
+            print(e.code)
+            unprepared.append(prepare)
+    if todo and prepare in unprepared:
+        print(f"{len(todo)} of {len(jobs)} runs are missing; none trained", flush=True)
+        return
+    if not jobs:
+        return
     print(f"{len(jobs) - len(todo)} of {len(jobs)} runs finished already; training {len(todo)}, {jobs_at_once} at a "
           "time", flush=True)
     try:
