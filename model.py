@@ -38,13 +38,12 @@ class GPTConfig:
     qk_decay: bool = False   # weight decay on the q/k nets' matrices too
     pos: str = 'learned'     # 'learned' absolute positions, or 'rope' (applied after the q/k dynamics)
 
-    def __post_init__(self):  # a flag's plausible mistakes: one line each (an absurd value: Python's own error)
+    def __post_init__(self):  # a mistake a user makes by flag: a one-line error each
         for name, known in (('attn', attn_names()), ('pos', POS)):
             if getattr(self, name) not in known:
                 raise ValueError(f"{name}={getattr(self, name)!r} is unknown; choose one of {', '.join(known)}")
         if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; pick n_head among "
-                             f"{[h for h in range(1, 33) if self.n_embd % h == 0]}")
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         assert not self.diff or self.n_head % 2 == 0, "diff pairs heads into sub-heads: n_head must be even"
         assert self.pos != 'rope' or self.n_embd // self.n_head % 2 == 0, "rope rotates pairs: an even head size"
 
@@ -54,8 +53,7 @@ class GPTConfig:
 
     @property
     def qk_name(self):  # the QK_TRANSFORMS entry of [diff+]<entry>, '' for none
-        name = self.attn.split('+')[-1]
-        return '' if name in ('standard', 'diff') else name
+        return qk_name(self.attn)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -64,7 +62,7 @@ class GPTConfig:
 class Table(dict):  # an unknown name is an error, never a default; a taken one is refused
     def __init__(self, entries, what=None):
         super().__init__(entries)
-        self.what = what or entries.what  # what a name names (a copy, Table(table), keeps it)
+        self.what = what or entries.what  # what a name names
 
     def __missing__(self, name):
         raise ValueError(f"{self.what} {name!r} is unknown; choose one of {', '.join(self)}")
@@ -102,7 +100,8 @@ def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
 class Potential(HeadMLP):
     """Our reading: F(q) = -grad V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head (w_j: the rows of W)."""
     gradient = True
-    flops = staticmethod(lambda hs, m: (4 * m * hs, 7 * m))  # W q, (.) W; + b, silu' (5), * a
+    # two matmuls of m hs multiply-adds (W q, then . W); per unit + b, silu' (5 operations) and * a
+    flops = staticmethod(lambda hs, m: (4 * m * hs, 7 * m))
 
     def __init__(self, n_head, head_size, hidden, w_std=None):
         super().__init__(n_head, head_size, hidden, 1, w_std=w_std)  # W (nh, m, hs), b (nh, 1, m), a (nh, 1, m)
@@ -115,14 +114,14 @@ class Potential(HeadMLP):
 
 
 class FreeForce(HeadMLP):
-    """The review's f(q) = A silu(W q + b) per head, W: hs -> m, A: m -> hs (here a): the gradient of nothing (its
-    Jacobian A diag(silu') W is not symmetric), so no energy; under leapfrog volume is kept, Omega is not."""
+    """The review's f(q) = A silu(W q + b) per head, W: hs -> m, A: m -> hs (here a). Its Jacobian A diag(silu') W
+    is not symmetric, so it is the gradient of nothing: under leapfrog volume is kept, but not symplecticity."""
     gradient = False
     flops = staticmethod(lambda hs, m: (4 * m * hs, 2 * m))  # W q, A (.); + b, silu
 
     def __init__(self, n_head, head_size, hidden, w_std=None):
         super().__init__(n_head, head_size, hidden, head_size, w_std=w_std)  # W (nh, m, hs), b, A = a (nh, hs, m)
-        # as strong as the potential's F at init (silu's rms is ~2x silu''s at spread 2)
+        # as strong as the potential's F at init (at spread 2 silu's rms is about twice that of its derivative)
         nn.init.normal_(self.a, std=(w_std or 1 / math.sqrt(head_size)) / (2 * math.sqrt(hidden)))
 
 
@@ -175,7 +174,7 @@ class Hamiltonian(nn.Module):
         return self.f(q, scale)
 
     def step(self, q, k, dt):  # a subclass may change it too
-        return self.integrate(self, q, k, dt)
+        return self.integrate(self, q, k, dt)  # a plain function kept on the module: self is its h
 
     def forward(self, q, k, dt=None):
         B, nh, T, hs = q.shape
@@ -228,10 +227,13 @@ class Invertible(nn.Module):
         return q, k
 
 
-# What --attn=[diff+]<name> builds: cls(n_head, head_size, **args(config)), given those of hidden=width(--qk_hidden),
-# steps, dt, w_std (QK_FLAGS) its constructor names; flops(hs, width, steps) -> (matmul, elementwise) per token and
-# head (None: no price); the promises `pytest -k <name>` checks (order None: no claim; identity_at_zero: dt = 0 is
-# the identity). It initializes itself; --qk_decay falls on its Linear weights and what its modules name `matrices`
+# An entry of QK_TRANSFORMS: what --attn=[diff+]<name> builds, one module per layer.
+#   cls(n_head, head_size, **args(config), ...): the module; it gets each of hidden, steps, dt, w_std that its
+#       constructor names (QK_FLAGS), and initializes itself
+#   width(m): its hidden width, from --qk_hidden's m
+#   flops(hs, width, steps): (matmul, elementwise) FLOPs per token and head; None: no price
+#   symplectic, volume_preserving, symmetric, order (None: no claim), identity_at_zero (dt = 0 is the identity):
+#       the promises `pytest -k <name>` checks
 QKTransform = namedtuple('QKTransform', 'cls args width flops symplectic volume_preserving symmetric order '
                                         'identity_at_zero')
 
@@ -242,10 +244,10 @@ def dynamics(integrator, force='potential', width=lambda m: m, cls=None, **promi
     it, f = INTEGRATORS[integrator], FORCES[force]
     price = lambda hs, m, n: (n * it.forces * f.flops(hs, m)[0],  # n steps of forces and vector ops
                               n * (it.forces * f.flops(hs, m)[1] + it.vector_ops * hs))
-    given = dict(flops=price if f.flops else None, symplectic=it.symplectic and f.gradient, order=it.order,
-                 volume_preserving=it.volume_preserving, symmetric=it.symmetric, identity_at_zero=True) | promises
+    promised = dict(flops=price if f.flops else None, symplectic=it.symplectic and f.gradient, order=it.order,
+                    volume_preserving=it.volume_preserving, symmetric=it.symmetric, identity_at_zero=True)
     args = lambda c: dict(integrator=integrator, force=force)
-    return QKTransform(cls or Hamiltonian, args, width, **given)
+    return QKTransform(cls or Hamiltonian, args, width, **promised | promises)
 
 
 QK_TRANSFORMS = Table({
@@ -255,14 +257,16 @@ QK_TRANSFORMS = Table({
     # the review's free force; width h = m/2 matches coupled's parameters
     'euler-mlp': dynamics('euler', 'mlp', width=lambda m: max(1, m // 2)),  # exactly the review's equation
     'coupled-mlp': dynamics('leapfrog', 'mlp', width=lambda m: max(1, m // 2)),
-    # h = m/4 matches coupled's parameters; Euler for q' = g_q(q), k' = g_k(k): order 1
+    # h = m/4 matches coupled's parameters; Euler for q' = g_q(q), k' = g_k(k): order 1. A step: two nets, each two
+    # matmuls of h hs multiply-adds, + b and silu (2 h), and the add (hs)
     'uncoupled': QKTransform(Uncoupled, lambda c: {}, lambda m: max(1, m // 4),
-                             lambda hs, h, n: (n * 8 * h * hs, n * (4 * h + 2 * hs)),
-                             False, False, False, order=1, identity_at_zero=True),
-    # h = 0.4 m: v2's "about 0.3%" parameters at 60m. No dt: the identity at init
+                             lambda hs, h, n: (n * 8 * h * hs, n * (4 * h + 2 * hs)), symplectic=False,
+                             volume_preserving=False, symmetric=False, order=1, identity_at_zero=True),
+    # h = 0.4 m: v2's "about 0.3%" parameters at 60m. No dt: the identity at init. A step: two nets, each W (hs -> h)
+    # and a (h -> 2 hs), + b and silu (2 h), and tanh, exp, * and + on hs numbers (4 hs)
     'invertible': QKTransform(Invertible, lambda c: {}, lambda m: max(1, round(0.4 * m)),
-                              lambda hs, h, n: (n * 12 * h * hs, n * (4 * h + 8 * hs)),
-                              False, False, False, order=None, identity_at_zero=False),
+                              lambda hs, h, n: (n * 12 * h * hs, n * (4 * h + 8 * hs)), symplectic=False,
+                              volume_preserving=False, symmetric=False, order=None, identity_at_zero=False),
 }, 'q/k transform')
 
 
@@ -280,11 +284,14 @@ def takes(cls):  # the QK_FLAGS arguments cls's constructor names (all, with **k
     return set(QK_FLAGS) & set(params)
 
 
-def qk_flags_read(attn):  # the q/k flags --attn=attn reads: its map's QK_FLAGS, and --qk_decay (standard, diff: none)
+def qk_name(attn):  # the QK_TRANSFORMS entry of --attn=[diff+]<entry>, '' for none
     name = attn.split('+')[-1]
-    if name in ('standard', 'diff'):
-        return set()
-    return {QK_FLAGS[a] for a in takes(QK_TRANSFORMS[name].cls)} | {'qk_decay'}
+    return '' if name in ('standard', 'diff') else name
+
+
+def qk_flags_read(attn):
+    # the q/k flags --attn=attn reads: its map's QK_FLAGS, and --qk_decay. train.py and bench.py refuse the others
+    return {QK_FLAGS[a] for a in takes(QK_TRANSFORMS[qk_name(attn)].cls)} | {'qk_decay'} if qk_name(attn) else set()
 
 
 def qk_transform(name, n_head, head_size, config):
@@ -292,8 +299,9 @@ def qk_transform(name, n_head, head_size, config):
     # qk_scale / (0.02 sqrt(n_embd hs)) gives pre-activations w . q of spread qk_scale
     spec = QK_TRANSFORMS[name]
     w_std = config.qk_scale / (0.02 * math.sqrt(config.n_embd * head_size)) if config.qk_scale > 0 else None
-    given = dict(hidden=spec.width(config.qk_hidden), steps=config.qk_steps, dt=config.qk_dt, w_std=w_std)
-    return spec.cls(n_head, head_size, **{k: given[k] for k in takes(spec.cls)}, **spec.args(config))
+    flags = dict(hidden=spec.width(config.qk_hidden), steps=config.qk_steps, dt=config.qk_dt, w_std=w_std)
+    # each class gets the flags its constructor names: invertible names no dt, so --qk_dt is refused for it
+    return spec.cls(n_head, head_size, **{k: flags[k] for k in takes(spec.cls)}, **spec.args(config))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -353,8 +361,8 @@ class CausalSelfAttention(nn.Module):
         q, k = (x.unflatten(1, (-1, 2)) for x in (q, k))  # (B, nh/2, 2, T, hs): [:, :, 0] is q1, k1; [:, :, 1] q2, k2
         split = q.is_cuda if self.split_v is None else self.split_v
         vs = v.chunk(2, dim=-1) if split else (v,)  # (B, nh/2, T, hs) twice, or (B, nh/2, T, 2hs)
-        y1, y2 = (torch.cat([self.attend(q[:, :, i], k[:, :, i], vh, past) for vh in vs], dim=-1) for i in (0, 1))
-        y = y1 - lam * y2  # (B, nh/2, T, 2hs)
+        attend = lambda i: torch.cat([self.attend(q[:, :, i], k[:, :, i], vh, past) for vh in vs], dim=-1)
+        y = attend(0) - lam * attend(1)  # softmax(q1 k1^T) v - lam softmax(q2 k2^T) v: (B, nh/2, T, 2hs)
         return self.subln(y.float()).type_as(y) * (1 - self.lambda_init)  # the norm in float32
 
     def forward(self, x, cache=None):
@@ -477,8 +485,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Extend idx (B, T) by max_new_tokens tokens (temperature=0: the most likely); use_cache: one position's
-        work a token while the context fits block_size."""
+        """Extend idx (B, T) by max_new_tokens tokens (temperature=0: the most likely), through a KV cache while the
+        context fits block_size."""
         bs, cache = self.config.block_size, None
         for _ in range(max_new_tokens):
             if cache is not None and len(cache) < bs:  # one new token
@@ -527,8 +535,8 @@ class Seen(Exception):  # every watched module has given its output: the forward
 
 
 def seen_by(model, idx, modules):
-    """What each module (each called once) gets and gives in model(idx), eval mode: [(module, its inputs, its
-    output)], in call order. The forward stops there: the layers above and lm_head (T x vocab logits) are skipped."""
+    """[(module, its inputs, its output)] of each module (called once) in model(idx), eval mode, in call order; the
+    forward stops there."""
     seen, training = [], model.training
 
     def hook(mod, inp, out):
@@ -584,8 +592,8 @@ def attention_probs(q, k, dtype=torch.float32):  # softmax(q k^T / sqrt(hs)) ove
 
 
 def top_singular_values(a, n=2, block=8, iters=10):
-    """sigma_1 .. sigma_n of each a (..., T, T) by subspace iteration, x <- orth(a^T a x) on `block` vectors, then
-    the singular values of a x; error ~ (sigma_{block+1} / sigma_n)^(2 iters), no (T, T) decomposition."""
+    """sigma_1 .. sigma_n of each a (..., T, T) by subspace iteration on `block` vectors, x <- orth(a^T a x), then
+    the singular values of a x: no (T, T) decomposition."""
     x = torch.randn(a.size(-1), min(block, a.size(-1)), generator=torch.Generator().manual_seed(0)).to(a)
     for _ in range(iters):
         x = torch.linalg.qr(a.transpose(-2, -1) @ (a @ x)).Q         # (..., T, block), orthonormal columns
@@ -608,8 +616,8 @@ DIAG_SEQUENCES = 8  # sequences the attention diagnostics read: (8, nh, T, T) fl
 
 @torch.no_grad()
 def attention_diagnostics(model, idx, sequences=DIAG_SEQUENCES):
-    """The pathologies coupling is said to cure (uniform attention, a sink, a spectral gap): per layer, attention_stats
-    of every head's softmax on the first `sequences` rows of idx (B, T); diff: each sub-head's."""
+    """What coupling is said to cure (uniform attention, a sink, a spectral gap): per layer, attention_stats of every
+    (sub-)head's softmax on the first `sequences` rows of idx (B, T)."""
     if idx.size(1) < 2:  # no row i >= 1
         return []
     scored = seen_by(model, idx[:sequences], [blk.attn.scored for blk in model.transformer.h])
@@ -676,10 +684,9 @@ def find_device(name='auto'):
     here = dict(cuda=torch.cuda.is_available(), mps=torch.backends.mps.is_available(), cpu=True)
     if name.split(':')[0] in ('auto', 'cuda') and not here['cuda'] and torch.version.cuda \
             and os.path.exists('/dev/nvidia0'):  # an NVIDIA GPU that this torch cannot drive
-        raise ValueError(f"torch {torch.__version__} is built for CUDA {torch.version.cuda}, which this machine's "
-                         "NVIDIA driver does not run, so it sees no GPU. Install the build your driver runs: "
-                         "pip install torch --index-url https://download.pytorch.org/whl/cu126 (drivers 525 and "
-                         "newer; nvidia-smi shows yours), or train on the CPU with --device=cpu")
+        raise ValueError(f"torch {torch.__version__} is built for CUDA {torch.version.cuda}, which this NVIDIA "
+                         "driver does not run; install a build it runs, e.g. pip install torch --index-url "
+                         "https://download.pytorch.org/whl/cu126 (drivers 525 on), or use --device=cpu")
     device = next(d for d in here if here[d]) if name == 'auto' else name
     if not here.get(device.split(':')[0]):
         raise ValueError(f"--device={name} is unknown, or not available here; use auto, cpu, cuda[:N] or mps")
