@@ -37,9 +37,6 @@ import prepare_data
 from model import (POS, PRESETS, GPT, GPTConfig, attn_names, autocast_dtype, diagnostics,
                    find_device, flops_per_token, peak_flops, qk_flags_read)
 
-# the start record names the model.py imported, by its hash
-model_sha256 = hashlib.sha256(open(inspect.getsourcefile(GPT), 'rb').read()).hexdigest()
-
 # -----------------------------------------------------------------------------
 _before = set(globals())  # the settings: what this block adds
 # I/O
@@ -68,6 +65,8 @@ n_embd = 128
 dropout = 0.0
 bias = False
 attn = 'standard'  # one of model.attn_names(); 'coupled' is the paper's method
+# ... and GPTConfig's other fields at model.py's defaults: the q/k map's qk_steps, qk_hidden,
+# qk_scale, qk_dt and qk_decay, and pos (learned or rope)
 # AdamW, linear warmup then cosine decay to min_lr
 learning_rate = 2e-3
 max_iters = 2000
@@ -143,11 +142,8 @@ for i, arg in enumerate(sys.argv[1:], 2):
     key, eq, text = arg.removeprefix('--').partition('=')
     if not (arg.startswith('--') and eq and key in defaults):
         near = difflib.get_close_matches(key, defaults, 1)
-        # --key value, or --key alone (argparse's habit): the hint shows --key=value
-        if arg.startswith('--') and key in defaults:
-            after = sys.argv[i] if i < len(sys.argv) else ''
-            alone = 'True' if defaults[key] is False else defaults[key]
-            text = after if after[:1] not in ('', '-') else alone
+        # --key value (argparse's habit): the hint puts the value after '='
+        text = text or (sys.argv[i] if i < len(sys.argv) else '...')
         die(f"{arg!r} is not a flag; flags look like --key=value"
             f"{f', e.g. --{near[0]}={text}' if near else ''}; see --help")
     given[key] = parse(key, text)
@@ -329,7 +325,8 @@ if checkpoint and trains:
 if checkpoint:
     del checkpoint['model'], checkpoint['optimizer']
 # MFU's terms (None: not known)
-peak, flops_per_iter = peak_flops(device, dtype) if trains else None, None
+peak = peak_flops(device, dtype) if trains else None
+flops_per_iter = None
 if peak:
     try:
         flops_per_iter = flops_per_token(raw_model.config, block_size) * tokens_per_iter
@@ -415,11 +412,12 @@ start_iter, pending, interval_iters, out_of_time = iter_num, [], 0, False
 t_start = t_log = time.time()
 if trains:
     runfolder.loop = globals()  # a signal's line names the loop's iteration
+    model_sha256 = hashlib.sha256(open(inspect.getsourcefile(GPT), 'rb').read()).hexdigest()
     qk_params = sum(p.numel() for p in raw_model.qk_parameters())
     log(dict(event='start', iter=iter_num, tokens=tokens, config=config,
              vocab_size=meta['vocab_size'], params=raw_model.get_num_params(), qk_params=qk_params,
              world_size=world_size, compiled=compiled, fingerprint=meta['fingerprint'],
-             model_sha256=model_sha256))
+             model_sha256=model_sha256))  # the model.py imported (the lab's launcher reads it)
     # what a checkpoint keeps: the generator before the next batch
     batch_state = train_gen.get_state()
     X, Y = get_batch('train', train_gen)
@@ -438,7 +436,8 @@ while trains:
         out_of_time = bool(flag.item())
     last = iter_num >= max_iters or out_of_time
     # evaluate and save (a resume's first iteration was evaluated before the save it resumes from)
-    if iter_num % eval_interval == 0 and (iter_num > start_iter or init_from == 'scratch') or last:
+    resumed_here = iter_num == start_iter and init_from == 'resume'
+    if (iter_num % eval_interval == 0 and not resumed_here) or last:
         if pending:
             check_losses()  # a model gone non-finite is never saved
         losses = estimate_loss()
@@ -451,17 +450,17 @@ while trains:
             not_finite(iter_num, losses['val'])
         # the diagnostics: 8,192 val tokens at any batch or world size (the fewest the nonlinear fit
         # reads well)
-        diag = master and diag_interval and (iter_num // eval_interval % diag_interval == 0 or last)
-        if diag:
-            x = get_batch('val', torch.Generator().manual_seed(10_000), n=-(-8192 // block_size))[0]
-        qk, att, line = diagnostics(raw_model, x) if diag else ([], [], '')
+        qk, att, line = [], [], ''
+        if master and diag_interval and (iter_num // eval_interval % diag_interval == 0 or last):
+            gen, n = torch.Generator().manual_seed(10_000), math.ceil(8192 / block_size)
+            qk, att, line = diagnostics(raw_model, get_batch('val', gen, n=n)[0])
         print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
                f"val ppl {perplexity(losses['val']):.2f} ({eval_iters}-batch estimates){line}")
         log(dict(event='eval', iter=iter_num, train_loss=losses['train'], val_loss=losses['val'],
                  val_ppl=perplexity(losses['val']), tokens=tokens, time=train_time, qk=qk,
                  attn=att))
-        better = losses['val'] < best_val_loss or always_save_checkpoint
-        if better and (iter_num > start_iter or last):
+        save = losses['val'] < best_val_loss or always_save_checkpoint
+        if save and (iter_num > start_iter or last):
             best_val_loss, saved_val = min(best_val_loss, losses['val']), losses['val']
             # each rank's random states, for an exact resume
             cuda = torch.cuda.get_rng_state(device) if device_type == 'cuda' else None
