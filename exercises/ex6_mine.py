@@ -13,6 +13,7 @@ if 'mine' in INTEGRATORS:  # appended a second time
 
 
 def mine(h, q, k, dt):  # one step of size dt, (q, k) -> (q, k); h.force(q, c) is c F(q)
+    # write q = q + ..., not q += ...: an update in place breaks autograd
     k = k + h.force(q, dt / 2)  # kick:  k += dt/2 F(q)
     q = q + dt * k              # drift: q += dt k
     k = k + h.force(q, dt / 2)  # kick:  k += dt/2 F(q)
