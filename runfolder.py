@@ -1,7 +1,8 @@
 """
 The run folder's machinery, beside train.py as nanoGPT's configurator.py is beside its train.py.
-It keeps the promise that no run is lost (G1):
+It keeps the README's first promise, that no run is lost:
 - one trainer per out_dir (a lock), and a new run never writes over a checkpoint;
+- the log of an attempt stopped before its first save is kept beside (metrics.jsonl.1, ...);
 - a checkpoint is written whole, or the previous one stays;
 - Ctrl-C or SIGTERM stops a run with one line that says how to go on, after any checkpoint write.
 It imports only fast modules of the standard library: train.py catches Ctrl-C before torch's import.
@@ -16,10 +17,14 @@ from contextlib import suppress
 ddp = 'RANK' in os.environ  # launched by torchrun?
 master = os.environ.get('RANK', '0') == '0'  # rank 0 speaks and saves
 out_dir = ckpt_path = lock = None  # set by claim()
-# train.py's globals once its loop begins: a signal's line names the iteration (iter_num)
+# set by train.py: its globals once its loop begins (a signal's line names iter_num)
 loop = None
-# saved_iter: the checkpoint on disk (its iteration), set by train.py on a resume, by save() after
-saving, stop_signal, saved_iter, renaming = False, None, None, None
+# the iteration of the checkpoint on disk: set by train.py on a resume, then by save(); train.py
+# reads it at the end (which model the final evaluation scores)
+saved_iter = None
+saving = False  # a checkpoint is being written: a signal waits
+stop_signal = None  # the signal that came meanwhile
+renaming = None  # the iteration whose .tmp is being renamed to ckpt.pt
 
 
 def catch_signals():
@@ -44,7 +49,7 @@ def on_signal(signum, frame):
 
 def resume_hint():
     launch = f"torchrun --nproc_per_node={os.environ['LOCAL_WORLD_SIZE']}" if ddp else 'python'
-    # a signal during the rename names the new checkpoint once its .tmp is gone
+    # mid-rename, ckpt.pt is the new checkpoint once its .tmp is gone
     at = renaming if renaming is not None and not os.path.exists(ckpt_path + '.tmp') else saved_iter
     # stopped before the setup read the checkpoint
     if at is None and '--init_from=resume' in sys.argv:
