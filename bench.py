@@ -53,14 +53,16 @@ def plan_minutes(cfg, T, tokens, world_size, peak):  # training split over the r
 
 def plan(world_size):
     """The GPU recipe for world_size GPUs (8 a node) as a markdown table: each run's command, tokens and estimated
-    wall-clock time. A rank takes 32 sequences a micro-step while they last, then fewer."""
+    time. A rank takes 32 sequences a micro-step while they last."""
     per_rank = 128 // world_size
     B = min(32, per_rank)
     accum = per_rank // B
-    launch = ('python train.py' if world_size == 1 else f'torchrun --standalone --nproc_per_node={world_size} train.py'
-              if world_size <= 8 else f'torchrun --nnodes={world_size // 8} --nproc_per_node=8 --node_rank=$NODE_RANK '
-              '--rdzv_backend=c10d --rdzv_endpoint=$FIRST_NODE:29500 train.py')
-    # the same 1,280 sequences an evaluation
+    launch = 'python train.py'
+    if world_size > 8:
+        launch = (f'torchrun --nnodes={world_size // 8} --nproc_per_node=8 --node_rank=$NODE_RANK '
+                  '--rdzv_backend=c10d --rdzv_endpoint=$FIRST_NODE:29500 train.py')
+    elif world_size > 1:
+        launch = f'torchrun --standalone --nproc_per_node={world_size} train.py'
     evals = '' if B == EVAL_BATCH else f' --eval_iters={EVAL_ITERS * EVAL_BATCH // B}'
     command = RECIPE.format(launch=launch, batch=B, accum=accum, evals=evals)
     flags = lambda text: dict(a[2:].split('=', 1) for a in text.split() if a[:2] == '--' and '=' in a)
@@ -114,7 +116,7 @@ def timing(args, variants, modes, device, sync_check=False):
             model.load_state_dict(models['standard'].state_dict(), strict=False)
         models[v] = model = model.to(device)
         opt[v] = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
-        fwd[v] = torch.compile(model) if args.compile == 'True' else model
+        fwd[v] = torch.compile(model) if args.compile else model
     compiled = dict.fromkeys(variants, False)  # whether compile really ran (Dynamo made a graph)
     x = torch.randint(0, args.vocab_size, (B, T), device=device)
 
@@ -135,10 +137,13 @@ def timing(args, variants, modes, device, sync_check=False):
     print(f"bench: preset {args.preset} ({cfg.n_layer}x{cfg.n_embd}, {cfg.n_head} heads), batch {B}x{T}, vocab "
           f"{args.vocab_size}, {device} ({torch.get_num_threads()} threads), {args.dtype}, compile={args.compile}")
     results, peak_flop = {}, peak_flops(device, args.dtype)  # None: unknown, no MFU
-    for mode in [m for m in (*MODES, 'generate-nocache') if m.split('-')[0] in modes]:
-        # generation: a third of the rounds; recomputing the context once, warmed up by the cached run
-        iters = {'generate': max(1, args.iters // 3), 'generate-nocache': 1}.get(mode, args.iters)
-        warmups = {'generate': 1, 'generate-nocache': 0}.get(mode, max(args.warmup, args.compile == 'True'))
+    # --mode=generate times two: with the KV cache, and recomputing the context (generate-nocache)
+    for mode in modes + ['generate-nocache'] * ('generate' in modes):
+        iters, warmups = args.iters, max(args.warmup, args.compile)  # compiling: at least one step
+        if mode == 'generate':  # slow: a third of the rounds
+            iters, warmups = max(1, args.iters // 3), 1
+        elif mode == 'generate-nocache':  # once, warmed up by the cached run
+            iters, warmups = 1, 0
         start = time.perf_counter()
         for v in variants:  # warm-up (compiling: at least one step)
             graphs = counters['stats']['unique_graphs']
@@ -172,7 +177,7 @@ def timing(args, variants, modes, device, sync_check=False):
                   f"{(spent - warm) / (r + 1) * (iters - r - 1):.0f} s left", flush=True)
         if sync_check:
             torch.cuda.set_sync_debug_mode('default')
-        ntok, train = args.new_tokens if mode.startswith('generate') else B * T, mode == 'train'
+        train, ntok = mode == 'train', args.new_tokens if mode.startswith('generate') else B * T
         for v in variants:
             ms = 1000 * median(times[v])
             flops = flops_per_token(models[v].config, T) * ntok if train and peak_flop else None
@@ -230,7 +235,7 @@ def gpu_check(args, device):
     out, move = qk_bf16_error(device)
     print(f"q/k map (coupled) in bf16 against float64: output {out:.2%}, its move {move:.2%} (relative errors)")
     records, synced, ratios = [], [], {}
-    for compiled in ('False', 'True'):  # eager, then compiled as the recipe trains
+    for compiled in (False, True):  # eager, then compiled as the recipe trains
         args.compile = compiled
         # CUDA: a host sync in a timed step is an error (a step queues its work; it never waits for the GPU)
         try:
@@ -239,7 +244,7 @@ def gpu_check(args, device):
             if not (cuda and 'synchroniz' in str(e)):
                 raise
             torch.cuda.set_sync_debug_mode('default')
-            synced.append(f"{'compiled' if compiled == 'True' else 'eager'} ({why(e)})")
+            synced.append(f"{'compiled' if compiled else 'eager'} ({why(e)})")
             res = timing(args, ['standard', 'coupled'], ['train'], device)
         print_timing(res)
         records += res.values()
@@ -248,7 +253,7 @@ def gpu_check(args, device):
           f"sync debug mode 'error': a host sync in a training step, {', '.join(synced)}" if synced else
           "sync debug mode 'error': a training step of standard and coupled makes no host sync, eager or compiled")
     # eager, diff's attention as one SDPA call per sub-head (v at 2hs), or one per half of v (flash-eligible)
-    args.compile, ms = 'False', {}
+    args.compile, ms = False, {}
     for split in (False, True):
         CausalSelfAttention.split_v = split
         records.append(timing(args, ['standard', 'diff'], ['train'], device)['diff', 'train']
@@ -282,17 +287,18 @@ def main(argv=None):
     p.add_argument('--qk_steps', type=int, default=1)
     p.add_argument('--qk_hidden', type=int, default=GPTConfig.qk_hidden, help='hidden width of the potential')
     p.add_argument('--new_tokens', type=int, default=256, help='tokens generated in --mode=generate')
-    p.add_argument('--iters', type=int, default=6, help='timed rounds per (variant, mode); generation: fewer')
-    p.add_argument('--warmup', type=int, default=3, help='untimed rounds first (CPU: the heap settles)')
+    p.add_argument('--iters', type=int, default=6, help='timed rounds per (variant, mode)')
+    p.add_argument('--warmup', type=int, default=3, help='untimed rounds first')
     p.add_argument('--device', default='auto')
     p.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'],
-                   help="default float32 (--gpu_check: bf16 where the GPU has it natively, else float16)")
+                   help="default float32 (--gpu_check: bf16 where native, else float16)")
     p.add_argument('--compile', default='False', choices=['True', 'False'])
     p.add_argument('--json_out', help=argparse.SUPPRESS)
     p.add_argument('--plan', action='store_true', help="the paper's 60M ablation as GPU commands, with their cost")
     p.add_argument('--world_size', type=int, default=1, help='--plan: GPUs in all (8 a node)')
     p.add_argument('--gpu_check', action='store_true', help="the recipe's step on one CUDA GPU, eager and compiled")
     args = p.parse_args(argv)
+    args.compile = args.compile == 'True'
     if args.json_out:
         p.error("--json_out has moved: results/speed.py writes runs/speed.jsonl; bench.main(ARGV) returns records")
     if args.plan:
