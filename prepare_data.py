@@ -237,15 +237,17 @@ def split_train_val(docs, val_fraction, seed=1337, count=lambda texts: [len(t) f
     docs = [d for d in docs if d]  # an empty file or record: no document
     if len(docs) > 1:
         random.Random(seed).shuffle(docs)
-    sizes = [n + 1 for n in count(docs)]
+    sizes = [n + 1 for n in count(docs)]  # each document's tokens and its end-of-text token
     total, acc, i = sum(sizes), 0, len(docs)
     target = val_fraction * total
+    # 1. whole documents from the end, until val holds its share: done if that is near enough
     while i > 1 and acc < target:
         i -= 1
         acc += sizes[i]
     if len(docs) > 1 and abs(acc - target) <= TOLERANCE * target:
         return {'train': docs[:i], 'val': docs[i:]}
-    i, rest = len(docs) - 1, target  # val: the last `target` tokens; the cut falls in docs[i]
+    # 2. else (one document, or the border's too large) cut docs[i], the one where val's last `target` tokens begin
+    i, rest = len(docs) - 1, target
     while i > 0 and rest > sizes[i]:
         rest -= sizes[i]
         i -= 1
@@ -254,8 +256,9 @@ def split_train_val(docs, val_fraction, seed=1337, count=lambda texts: [len(t) f
     for line, n in zip(reversed(lines), reversed(count(lines))):
         if after + n >= rest:  # the cut falls in this line: at its start if that is near, else inside, pro rata
             start = end - len(line)
-            cut = start if start and after + n - rest <= TOLERANCE * target else start + round(
-                len(line) * (after + n - rest) / n)
+            cut = start
+            if not (start and after + n - rest <= TOLERANCE * target):
+                cut += round(len(line) * (after + n - rest) / n)
             break
         end, after = end - len(line), after + n
     else:
@@ -276,8 +279,12 @@ def write_dataset(out, corpus, input, tok, val_fraction):
         path = input or download(c['url'], os.path.join(out, os.path.basename(c['url'])), c.get('sha256'))
         if input and c.get('sha256') and sha256_of(input) != c['sha256']:  # a local copy of another file: said
             print(f"warning: {input} is not byte for byte {c['url']} (its sha256 differs); using it anyway")
-        splits = (pubmed(path) if corpus == 'pubmed' else wikitext(corpus, path) if corpus.startswith('wikitext')
-                  else read_local(path, jsonl=corpus == 'web'))  # shakespeare: plain text; web: JSON lines
+        if corpus == 'pubmed':
+            splits = pubmed(path)
+        elif corpus.startswith('wikitext'):
+            splits = wikitext(corpus, path)
+        else:  # shakespeare: plain text; web: JSON lines
+            splits = read_local(path, jsonl=corpus == 'web')
     if 'all' in splits:
         splits = split_train_val(splits['all'], val_fraction,
                                  count=lambda texts: [sum(map(len, tok['encode'](list(chunks(t))))) for t in texts])
