@@ -21,5 +21,5 @@ def mine(h, q, k, dt):  # one step of size dt, (q, k) -> (q, k); h.force(q, c) i
 
 
 INTEGRATORS['mine'] = Integrator(mine, symplectic=True, volume_preserving=True, symmetric=True, order=2,  # your claims
-                                 forces=2, vector_ops=4)  # leapfrog's cost a step: 2 forces, 4 vector ops; count yours
+                                 forces=2, vector_ops=4)  # leapfrog's cost a step: 2 forces, 4 vector ops; set yours
 QK_TRANSFORMS['mine'] = dynamics('mine')  # mine with the potential's force; dynamics('mine', 'mlp'): the free force
