@@ -21,10 +21,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's scripts
 import model as M  # noqa: E402
 from model import FORCES, INTEGRATORS, GPT, GPTConfig, Hamiltonian, Integrator
-import test_model as T
-from conftest import HERE, SMALL, one_line_error, run
-from test_model import (CLAIMS, Elementwise, Pendulum, hamiltonian, jacobian_det, one_head, qk_pair, step_size,
-                        yoshida)
+from conftest import (CLAIMS, HERE, SMALL, Elementwise, Pendulum, hamiltonian, integrator_keeps, jacobian_det,
+                      one_head, one_line_error, qk_pair, run, step_size, yoshida)
 
 
 LAB = os.path.join(HERE, 'exercises')
@@ -814,7 +812,7 @@ def keeps(step, **claims):  # a step's claims (symplectic, volume_preserving, sy
         mp.setitem(INTEGRATORS, 'claimed', Integrator(step, forces=0, vector_ops=0, **claims))
         for what in CLAIMS[:-1]:
             torch.manual_seed(0)  # (the measured order moves with the map's random start)
-            T.test_each_integrator_keeps_what_it_promises_under_the_potential('claimed', what)
+            integrator_keeps('claimed', what)
         return order_ratio('claimed')
 
 
@@ -1036,7 +1034,7 @@ def test_lab_the_glossarys_silu_and_free_force_statements_hold():
     assert sym < 1e-12 and symplectic < 1e-12 and generic_sym > 0.1 and generic_symplectic > 0.1, gaps
 
 
-def test_lab_scripts_refuse_bad_input_in_one_line(tmp_path):
+def test_G4_lab_scripts_refuse_bad_input_in_one_line(tmp_path):
     # bad arguments, unfit runs and the template misused: one line naming what to do, never a traceback
     def checkpoint(folder, iter_num=2000, **changes):
         config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=257, block_size=64, attn='coupled')
@@ -1159,7 +1157,7 @@ def test_lab_exercise_6_launcher_never_deletes_a_run_resumes_one_cut_short_and_t
     assert {k: v for k, v in checkpoints(repo).items() if k in first} == first  # nothing of the first runs changed
 
 
-def test_lab_pytest_with_the_template_appended_twice_ends_in_its_one_line(tmp_path):
+def test_G4_lab_pytest_with_the_template_appended_twice_ends_in_its_one_line(tmp_path):
     repo = repository(tmp_path, mine=2)  # `cat exercises/ex6_mine.py >> model.py`, twice
     r = run('-m', 'pytest', '-q', '-p', 'no:cacheprovider', cwd=repo, env={'PYTHONDONTWRITEBYTECODE': '1'})
     assert r.returncode == 2 and (r.stdout + r.stderr).strip() == "Exit: error: model.py holds exercises/ex6_mine.py " \

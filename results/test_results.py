@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
+import report  # (conftest.py puts results/ on the path)
+from conftest import run, tabulate  # (the repository's tests: one harness)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]
-import report  # noqa: E402
-from conftest import run, tabulate  # noqa: E402  (the repository's tests: one harness)
 
 
 def log_records(folder, *records):
@@ -23,18 +23,18 @@ def log_records(folder, *records):
         f.writelines(json.dumps(r) + '\n' for r in records)
 
 
-def fake_run(folder, evals, final_ppl, attn_last=None, nonlinear=None, diverged_at=None, losses=(), model_iter=None,
-             world_size=1, start=None, **config):
+def fake_run(folder, evals, final_ppl, world_size=1, start=None, **config):
     """A run's metrics.jsonl: a start (its fields `start`), a train-loss point per iteration (losses), evals
     [(tokens, val_loss)] at 128 tokens an iteration (the last with the attention diagnostics attn_last and the q/k
     map's nonlinear fraction, if given), then a final of perplexity final_ppl (model_iter: the iteration of the model
     it scored, a best-only checkpoint's), or with diverged_at the 'diverged' record train.py writes, or neither
     (final_ppl None: a run that stopped). Returns its settings."""
+    tail = {k: config.pop(k) for k in ('attn_last', 'nonlinear', 'diverged_at', 'losses', 'model_iter') if k in config}
     cfg = dict(dataset='pydocs', attn='standard', n_layer=2, n_head=4, n_embd=128, block_size=32, bias=False,
                pos='learned', batch_size=4, gradient_accumulation_steps=1, eval_iters=2, learning_rate=1e-3,
                max_iters=evals[-1][0] // 128, warmup_iters=2, seed=1, out_dir=str(folder)) | config
     log_records(folder, dict(event='start', iter=0, config=cfg, world_size=world_size, tokens=0) | (start or {}))
-    log_tail(folder, evals, final_ppl, attn_last, nonlinear, diverged_at, losses, model_iter)
+    log_tail(folder, evals, final_ppl, **tail)
     return cfg
 
 
@@ -87,9 +87,9 @@ def test_the_tokens_standard_needs_are_read_off_its_curves(tmp_path, capsys):
     assert code == 0 and rows['coupled'][5] == '0.85x', out  # 2.9: 0.7 of the way from 256 to 512: 435.2, / 512
     assert rows['standard'][5] == '1.85x'  # 2.0 (mean of 2.1, 1.9): 947.2 tokens; a long run's mid-run points
     assert rows['uncoupled'][5] == '> 2.25x'  # 1.0: never, the curve ends at 1152 tokens
-    assert rows['standard-2.4x'][4] == '-12.5% at 2.25x its tokens'  # different tokens: never compared silently
+    assert rows['standard-2.4x'][4] == '-12.5% at 2.25x its tokens'  # other tokens: said
     assert 'reads the curve of standard-2.4x (1 seed, 5 evals to 1,152 tokens)' in out
-    # another training than its baseline's: said (only there), not compared silently
+    # another training than its baseline's: said (there only)
     assert "note: pydocs/euler: 'vs standard' compares with standard, trained at learning_rate=0.001 (this row: " \
         "0.003)" in err and 'pydocs/coupled: ' not in err, err
 
@@ -102,15 +102,19 @@ def test_G3_never_mixes_models_trainings_or_corpora_and_says_which_model_it_read
     fake_run(runs / 'coupled-s2', CURVE, 9.0, attn='coupled', seed=2, start=dict(fingerprint=b))  # re-prepared
     with open(runs / 'coupled-s1' / 'metrics.jsonl', 'a') as f:
         f.write('{"event": "train", "it')  # a line cut short: a run killed as it wrote
-    # best-only: the final scored the checkpoint of iteration 1 of 2; an extension from it then stopped
+    # best-only: the final scored the checkpoint of iteration 1 of 2; an extension from it stopped
     cfg = fake_run(runs / 'best-s1', [(0, 5.0), (128, 3.0), (256, 3.5)], 7.0, model_iter=1,
                    start=dict(fingerprint=a))
     resume_run(runs / 'best-s1', cfg, 1, [(256, 3.4)], max_iters=9)
     fake_run(runs / 'diff-s1', CURVE, None, attn='diff')  # stopped: no final
+    for d, dtype in (('f', 'float32'), ('b', 'bfloat16')):  # another training: rows apart (and no seed shared)
+        fake_run(runs / d / 'euler-s1', CURVE, 9.0, attn='euler', dtype=dtype, start=dict(fingerprint=a))
     code, out, err = tabulate(capsys, runs)
     rows = table(out)
     assert code == 0 and set(rows) == {'standard [n_layer=1]', 'standard [n_layer=2]', 'best',
-                                       f'coupled [fingerprint={a[:12]}]', f'coupled [fingerprint={b[:12]}]'}, out
+                                       f'coupled [fingerprint={a[:12]}]', f'coupled [fingerprint={b[:12]}]',
+                                       'euler [dtype=bfloat16]', 'euler [dtype=float32]'}, out
+    assert 'pydocs/euler: its runs are not all alike (dtype differ)' in err and 'share seed' not in err
     assert rows[f'coupled [fingerprint={a[:12]}]'][2:5] == ['1', '8.500', '+6.2%']  # vs standard of its shape, text
     assert rows[f'coupled [fingerprint={b[:12]}]'][2:5] == ['1', '9.000', '-']  # no standard ran on that text
     assert 'pydocs/standard: its runs are not all alike (n_layer differ); shown as 2 rows' in err
@@ -126,14 +130,14 @@ def test_G3_a_run_resumed_with_other_settings_is_a_row_of_its_own(tmp_path, caps
     for s in (1, 2):  # straight runs of 4 and 8 iterations
         fake_run(runs / f'coupled-4-s{s}', [(0, 5.0), (256, 3.5), (512, 3.0)], 9.0 + s, attn='coupled', seed=s)
         fake_run(runs / f'coupled-8-s{s}', [(0, 5.0), (512, 3.0), (1024, 2.5)], 7.0 + s, attn='coupled', seed=s)
-    # coupled-4-s3 finished 4 iterations, was resumed with --max_iters=8, and that extension stopped (no final)
+    # coupled-4-s3 finished 4 iterations, was resumed with --max_iters=8, and that extension stopped
     cfg = fake_run(runs / 'coupled-4-s3', [(0, 5.0), (256, 3.5), (512, 3.2)], 10.5, attn='coupled', seed=3)
     resume_run(runs / 'coupled-4-s3', cfg, 4, [(512, 3.2), (768, 0.1)], max_iters=8)
     # coupled-8-s3: the same, and the extension finished: its schedule jumped at iteration 4
     cfg = fake_run(runs / 'coupled-8-s3', [(0, 5.0), (256, 3.5), (512, 3.2)], 10.5, attn='coupled', seed=3)
     resume_run(runs / 'coupled-8-s3', cfg, 4, [(512, 3.2), (1024, 2.4)], 7.5, max_iters=8)
-    # coupled-8-s4: killed after an eval at iteration 6, past its checkpoint at 5, resumed from 5 (the eval at 6
-    # is superseded), killed again, then resumed from 6 as 1 process instead of 2: its own row
+    # coupled-8-s4: killed after an eval at 6, past its checkpoint at 5, resumed from 5 (the eval at 6 superseded),
+    # killed again, resumed from 6 as 1 process instead of 2: its own row
     cfg = fake_run(runs / 'coupled-8-s4', [(0, 5.0), (640, 2.9), (768, 0.1)], None, attn='coupled', seed=4,
                    max_iters=8, world_size=2)
     resume_run(runs / 'coupled-8-s4', cfg, 5, [(768, 2.8)], world_size=2)
@@ -156,7 +160,8 @@ def test_G3_each_run_is_counted_once_under_its_own_name_whatever_copies_it(tmp_p
     runs = tmp_path / 'runs'
     for s in (1, 2):
         fake_run(runs / f'coupled-s{s}', CURVE, 7.0 + s, attn='coupled', seed=s, attn_last=ATT, nonlinear=0.02 * s)
-    fake_run(runs / 'out-coupled-s1', CURVE, 8.2, attn='coupled')  # seed 1 again: two runs, one seed
+    # seed 1 again, in a folder named as the README names them (a relative --out_dir): two runs, one seed
+    fake_run(runs / 'out-coupled-s1', CURVE, 8.2, attn='coupled', out_dir='out-coupled-s1')
     code, clean, err = tabulate(capsys, runs)
     assert table(clean)['coupled'][2:4] == ['2', '8.550 +- 0.636'] and 'pydocs/coupled: 2 runs share seed 1' in err
     os.makedirs(runs / 'coupled-s3')
@@ -164,28 +169,18 @@ def test_G3_each_run_is_counted_once_under_its_own_name_whatever_copies_it(tmp_p
     shutil.copytree(runs / 'coupled-s2', runs / 'coupled-s2.bak')  # cp -r: a copy, sorted before the original
     os.symlink(runs / 'coupled-s2', tmp_path / 'latest')  # a run reached twice
     shutil.copytree(runs / 'coupled-s1', runs / 's1')  # cp -a: its times kept, and a shorter name
+    shutil.copytree(runs / 'out-coupled-s1', runs / 'bak')
     code, out, err = tabulate(capsys, runs, tmp_path / 'latest')
     assert code == 0 and out == clean, out  # as without the copies
     assert f"{runs / 'coupled-s2.bak' / 'metrics.jsonl'} is a copy of {runs / 'coupled-s2' / 'metrics.jsonl'}; " \
            "counted once, as it" in err
-    # the link and cp -a's copy: counted as the folder the run was trained in (its out_dir)
+    # the link and cp -a's copies: counted as the folder the run was trained in (its out_dir)
     assert f"{runs / 's1' / 'metrics.jsonl'}, {runs / 'coupled-s3' / 'metrics.jsonl'} are copies of " \
            f"{runs / 'coupled-s1' / 'metrics.jsonl'}" in err, err
+    assert f"{runs / 'bak' / 'metrics.jsonl'} is a copy of {runs / 'out-coupled-s1' / 'metrics.jsonl'}" in err, err
 
 
-def test_G3_a_backup_of_a_run_in_the_readmes_folders_leaves_its_row_as_it_was(tmp_path, capsys):
-    runs = tmp_path / 'runs'  # the README's folders, which name no seed: out-standard, out-coupled
-    fake_run(runs / 'out-standard', CURVE, 8.0, out_dir='out-standard')
-    fake_run(runs / 'out-coupled', CURVE, 7.0, attn='coupled', out_dir='out-coupled')
-    code, clean, err = tabulate(capsys, runs)
-    shutil.copytree(runs / 'out-standard', runs / 'old')  # cp -a: backups, under shorter names
-    shutil.copytree(runs / 'out-coupled', runs / 'bak')
-    code, out, err = tabulate(capsys, runs)
-    assert code == 0 and set(table(out)) == {'standard', 'coupled'} and out == clean, out
-    assert f"{runs / 'bak' / 'metrics.jsonl'} is a copy of {runs / 'out-coupled' / 'metrics.jsonl'}" in err, err
-
-
-def test_G3_a_failed_run_is_counted_never_averaged_nor_drawn(tmp_path, capsys, monkeypatch):
+def test_G3_a_failed_run_is_counted_never_averaged_nor_drawn_until_resumed_past_it(tmp_path, capsys, monkeypatch):
     runs, vocab = tmp_path / 'runs', dict(vocab_size=257)  # a uniform guess: ln 257 = 5.55 nats
     for s in range(1, 6):
         fake_run(runs / f'standard-s{s}', CURVE, 10.0 + 0.1 * s, seed=s, attn_last=ATT, nonlinear=0.0, start=vocab)
@@ -193,9 +188,10 @@ def test_G3_a_failed_run_is_counted_never_averaged_nor_drawn(tmp_path, capsys, m
                  attn_last=ATT, nonlinear=0.04, start=vocab)
     code, out, err = tabulate(capsys, runs)
     clean, clean_att = table(out), table(out, 'Attention')
-    # a sixth seed that diverged at iteration 3: its iteration-2 estimate, nonlinear and attention are no final's
-    fake_run(runs / 'coupled-s6', [(0, 5.0), (128, 3.0), (256, 2.0)], None, attn='coupled', seed=6, diverged_at=3,
-             attn_last=layers((0.1, 0.9, 0.1), (0.1, 0.9, 0.1)), nonlinear=0.01, max_iters=2, start=vocab)
+    # a sixth seed, diverged at iteration 3: its iteration-2 estimate, nonlinear and attention are no final's
+    cfg = fake_run(runs / 'coupled-s6', [(0, 5.0), (128, 3.0), (256, 2.0)], None, attn='coupled', seed=6,
+                   diverged_at=3, attn_last=layers((0.1, 0.9, 0.1), (0.1, 0.9, 0.1)), nonlinear=0.01, max_iters=2,
+                   start=vocab)
     # a seventh that finished at 648.6 nats (--learning_rate=5): finite, yet no better than a uniform guess
     fake_run(runs / 'coupled-s7', [(0, 5.0), (128, 3.0), (256, 648.6)], math.exp(648.6), attn='coupled', seed=7,
              attn_last=ATT, nonlinear=0.5, start=vocab)
@@ -208,6 +204,9 @@ def test_G3_a_failed_run_is_counted_never_averaged_nor_drawn(tmp_path, capsys, m
     assert rows['coupled'][4:7] == clean['coupled'][4:7] == ['+0.0%', '0.90x', '4.00%']  # vs standard, tokens, nonlin
     assert att['coupled'] == clean_att['coupled'] and 'early' not in att
     assert rows['early'][2:7] == ['1', 'inf (1 of 1 failed)', '-', '-', '-']
+    # the sixth resumed from its checkpoint at iteration 2, past the divergence: a finished run
+    resume_run(runs / 'coupled-s6', cfg, 2, [(256, 2.6)], 10.6)
+    assert table(tabulate(capsys, runs)[1])['coupled'][3].endswith(' (1 of 7 failed)')
     # an older log, without the vocabulary: only a loss that is not finite fails
     fake_run(runs / 'old-s1', [(0, 5.0), (256, 648.6)], math.exp(648.6), attn='coupled')
     assert table(tabulate(capsys, runs)[1])['old'][3] == f"{math.exp(648.6):.3f}"
@@ -233,34 +232,31 @@ def test_the_attention_table_is_per_layer_mean_over_seeds_and_older_logs_have_no
     assert code == 0 and 'Attention' not in old and '| pydocs | coupled | 1 |' in old
 
 
-def test_the_curves_are_drawn_or_the_report_says_how_to_get_them(tmp_path, capsys, monkeypatch):
-    fake_run(tmp_path / 'runs' / 'standard-s1', [(0, 5.0), (128, 3.0), (256, 2.5)], 8.0)
-    fake_run(tmp_path / 'runs' / 'coupled-s1', [(0, 5.0), (128, 3.1), (256, 2.4)], 8.0, attn='coupled')
+def test_the_report_draws_its_curves_where_plot_names(tmp_path, capsys):
+    pytest.importorskip('matplotlib')
+    fake_run(tmp_path / 'runs' / 'coupled-s1', CURVE, 8.0, attn='coupled')
+    for plot in ('c.png', 'plots/c.png', 'R/curves'):  # in a folder not made yet; without an extension: a .png
+        code, out, err = tabulate(capsys, tmp_path / 'runs', f'--plot={tmp_path / plot}')
+        png = tmp_path / (plot if plot.endswith('.png') else plot + '.png')
+        assert code == 0 and png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and '| coupled |' in out, err
+    assert os.listdir(tmp_path / 'R') == ['curves.png'] and f"wrote {tmp_path / 'R' / 'curves.png'}" in err, err
+
+
+def test_G4_plot_without_matplotlib_or_to_another_format_than_png_is_one_line(tmp_path, capsys, monkeypatch):
+    fake_run(tmp_path / 'runs' / 'standard-s1', CURVE, 8.0)
     with monkeypatch.context() as m:
         m.setitem(sys.modules, 'matplotlib', None)  # not installed
         code, out, err = tabulate(capsys, tmp_path / 'runs', f'--plot={tmp_path / "c.png"}')
     assert code == 1 and out == '' and err.strip() == (
         "error: --plot needs matplotlib (pip install matplotlib); without --plot, the tables need nothing")
     pytest.importorskip('matplotlib')
-    code, out, err = tabulate(capsys, tmp_path / 'runs', f'--plot={tmp_path / "c.png"}')
-    assert code == 0 and (tmp_path / 'c.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
-    code, out, err = tabulate(capsys, tmp_path / 'runs', f'--plot={tmp_path / "plots" / "c.png"}')  # no folder yet
-    assert code == 0 and (tmp_path / 'plots' / 'c.png').exists() and '| coupled |' in out, err
-
-
-def test_G4_plot_writes_the_file_it_names_or_says_in_one_line_what_to_name(tmp_path, capsys):
-    pytest.importorskip('matplotlib')
-    fake_run(tmp_path / 'runs' / 'standard-s1', CURVE, 8.0)
     code, out, err = tabulate(capsys, tmp_path / 'runs', f'--plot={tmp_path / "x.txt"}')
     assert code == 1 and out == '' and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"error: --plot={tmp_path / 'x.txt'}: Format 'txt' is not supported") \
         and err.strip().endswith('; name a .png file'), err
-    code, out, err = tabulate(capsys, tmp_path / 'runs', f'--plot={tmp_path / "R" / "curves"}')  # no extension
-    assert code == 0 and os.listdir(tmp_path / 'R') == ['curves.png'] and f"wrote {tmp_path / 'R' / 'curves.png'}" \
-        in err, err
 
 
-def test_a_row_compares_with_the_runs_that_trained_standard_whatever_their_folders_are_named(tmp_path, capsys):
+def test_G3_a_row_compares_with_the_runs_that_trained_standard_whatever_their_folders_are_named(tmp_path, capsys):
     fake_run(tmp_path / 'standard', [(0, 5.0), (128, 3.0)], 9.0, attn='coupled')  # a coupled run, misnamed
     fake_run(tmp_path / 'baseline', [(0, 5.0), (128, 3.0)], 10.0)  # the real standard run
     code, out, err = tabulate(capsys, tmp_path)
@@ -336,16 +332,6 @@ def test_a_sweep_of_any_key_plots_every_tabulated_value(tmp_path, capsys, monkey
     assert [0.0] in lines and lines.count([1.0]) == 4  # each standard row its own point: they differ in more
 
 
-def test_float32_and_bfloat16_runs_are_rows_apart(tmp_path, capsys):
-    runs = tmp_path / 'runs'
-    fake_run(runs / 'a' / 'coupled-s1', CURVE, 8.0, attn='coupled', dtype='float32')
-    fake_run(runs / 'b' / 'coupled-s1', CURVE, 9.0, attn='coupled', dtype='bfloat16')
-    code, out, err = tabulate(capsys, runs, '--sweep=dtype')
-    assert code == 0 and 'share seed' not in err and 'dtype differ' in err, err
-    assert {k: c[3] for k, c in table(out).items()} == {'coupled [dtype=bfloat16]': '9.000',
-                                                        'coupled [dtype=float32]': '8.000'}
-
-
 def test_variance_ratios_with_their_intervals(tmp_path, capsys, monkeypatch):
     runs = tmp_path / 'runs'
     for s in range(1, 6):  # 5 seeds: standard spread 2x coupled's (variance 4x); uncoupled: coupled's, shifted
@@ -395,7 +381,7 @@ def test_G4_a_section_script_takes_no_arguments_and_starts_no_run_when_given_som
         assert os.listdir(tmp_path) == []  # no runs/ made, here or anywhere
 
 
-def test_G1_the_runner_resumes_a_run_cut_short_and_keeps_its_output(tmp_path, monkeypatch):
+def test_the_runner_resumes_a_run_cut_short_and_keeps_its_output(tmp_path, monkeypatch):
     # results/runner.py with a stub train.py that prints its arguments: a folder with a checkpoint is resumed
     import runner
     (tmp_path / 'train.py').write_text("import sys\nprint(' '.join(sys.argv[1:]))\n")
@@ -416,8 +402,8 @@ def tables(text):  # the markdown tables in text: [[row, ...], ...]
 
 
 def test_a_clone_recomputes_sizes_md_from_its_kept_logs_with_no_corpus_and_no_training(tmp_path):
-    """A run's metrics.jsonl is kept in git: on a clone (its tracked files, no corpus, no checkpoint, no train.py to
-    start) results/sizes.py trains nothing and prints the tables results/sizes.md shows, to the digit."""
+    """On a clone (its tracked files: runs' logs, no corpus, no checkpoint) results/sizes.py trains nothing and
+    prints the tables results/sizes.md shows, to the digit."""
     root = os.path.dirname(HERE)
     kept = subprocess.run(['git', 'ls-files', 'runs', 'results/*.py', 'model.py'], cwd=root, capture_output=True,
                           text=True).stdout.split()
@@ -435,7 +421,7 @@ def test_a_clone_recomputes_sizes_md_from_its_kept_logs_with_no_corpus_and_no_tr
 
 
 def test_speed_keeps_bench_pys_records_and_prints_what_speed_md_quotes_beside_its_table(capsys):
-    # results/speed.py's bench.py run at a tiny shape (a ratio of one step: any size; a timing is never asserted)
+    # results/speed.py's bench.py run, tiny (a timing is never asserted)
     import speed
     records = []
     flags = '--preset=tiny --vocab_size=64 --batch_size=2 --block_size=16 --new_tokens=4 --iters=1 --warmup=0'
