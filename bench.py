@@ -137,7 +137,7 @@ def timing(args, variants, modes, device, sync_check=False):
     print(f"bench: preset {args.preset} ({cfg.n_layer}x{cfg.n_embd}, {cfg.n_head} heads), batch {B}x{T}, vocab "
           f"{args.vocab_size}, {device} ({torch.get_num_threads()} threads), {args.dtype}, compile={args.compile}")
     results, peak_flop = {}, peak_flops(device, args.dtype)  # None: unknown, no MFU
-    # --mode=generate times two: with the KV cache, and recomputing the context (generate-nocache)
+    # --mode=generate times two: with the KV cache, and recomputing the context
     for mode in modes + ['generate-nocache'] * ('generate' in modes):
         iters, warmups = args.iters, max(args.warmup, args.compile)  # compiling: at least one step
         if mode == 'generate':  # slow: a third of the rounds
