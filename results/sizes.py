@@ -110,6 +110,26 @@ def table():
     return rows
 
 
+# what a seed fixes: one command (standard, small, seed 1, 200 iterations of the 500-iteration schedule, every loss
+# logged) with one thing changed against runs/sizes/seeds/here-<rate> (one thread, this code, the best CPU kernel)
+STUDY = {'b7058e8-2e-3': "the first protocol's code (b7058e8)", 'threads2-2e-3': 'two threads',
+         'default-kernel-2e-3': 'ATEN_CPU_CAPABILITY=default', 'default-kernel-1e-3': 'ATEN_CPU_CAPABILITY=default'}
+
+
+def seeds_table():
+    """Per change: the first iteration whose training loss differs, the largest difference in each 50 iterations and
+    the full-split perplexity at 200 of both runs."""
+    print("\n| rate | changed | first iteration whose loss differs | largest difference in iterations 1-50, 51-100, "
+          "101-150, 151-200 | full-split perplexity at 200 |\n|---|---|---|---|---|")
+    for name, changed in STUDY.items():
+        logs = [report.read_log(f"runs/sizes/seeds/{n}/metrics.jsonl") for n in (f"here-{name[-4:]}", name)]
+        (a, b), (pa, pb) = ([{r['iter']: r['loss'] for r in log if r['event'] == 'train'} for log in logs],
+                            [log[-1]['val_ppl'] for log in logs])
+        first = next((i for i in sorted(a) if a[i] != b[i]), 'none')
+        most = [max(abs(a[i] - b[i]) for i in range(lo, lo + 50)) for lo in (1, 51, 101, 151)]
+        print(f"| {name[-4:]} | {changed} | {first} | {', '.join(f'{d:.1e}' for d in most)} | {pa:.3f}, {pb:.3f} |")
+
+
 def plot(rows, path='results/sizes.png'):
     """coupled's change of perplexity against parameters (log axis), each variant at its own best rate: ours with +-1
     standard error and each seed's pair, the paper's three points beside them."""
@@ -138,5 +158,6 @@ if __name__ == '__main__':
         runner.run(jobs(size), paper_corpora.prepare)
     picks_table()
     rows = table()
+    seeds_table()
     if len(rows) == 1 + len(SIZES):
         plot(rows)
