@@ -415,7 +415,7 @@ def claim_failure(name, claim, claimed, make):
     return '' if holds == claimed else f"{name} claims {claim}={claimed}: {what}"
 
 
-def integrator_keeps(name, claim):  # INTEGRATORS[name] keeps its claim with the potential's force (the lab's steps too)
+def assert_integrator_keeps(name, claim):  # INTEGRATORS[name] keeps its claim under the potential's force
     make = lambda steps: one_head(M.Hamiltonian(1, 4, 8, steps, name))  # noqa: E731
     failure = claim_failure(name, claim, getattr(M.INTEGRATORS[name], claim), make)
     assert not failure, failure

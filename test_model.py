@@ -19,7 +19,8 @@ import model as M
 from model import (FORCES, INTEGRATORS, PRESETS, QK_TRANSFORMS, GPT, GPTConfig, Hamiltonian, Invertible, KVCache,
                    attn_names, flops_per_token, qk_diagnostics)
 
-from conftest import CLAIMS, Elementwise, claim_failure, hamiltonian, integrator_keeps, one_head, qk_pair, yoshida
+from conftest import (CLAIMS, Elementwise, assert_integrator_keeps, claim_failure, hamiltonian, one_head, qk_pair,
+                      yoshida)
 
 ATTN = attn_names()
 TRANSFORMS = [a for a in ATTN if a not in ('standard', 'diff')]  # variants with a q/k map
@@ -196,7 +197,7 @@ def test_each_entry_keeps_what_it_promises(name, claim):
 @pytest.mark.parametrize('name', INTEGRATORS, ids=built_on)
 def test_each_integrator_keeps_what_it_promises_under_the_potential(name, claim):
     # symplectic-euler (kick, then drift) is symplectic like leapfrog but, unlike it, first order and not symmetric
-    integrator_keeps(name, claim)
+    assert_integrator_keeps(name, claim)
 
 
 @pytest.mark.parametrize('name', QK_TRANSFORMS)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's scripts
 import model as M  # noqa: E402
 from model import FORCES, INTEGRATORS, GPT, GPTConfig, Hamiltonian, Integrator
-from conftest import (CLAIMS, HERE, SMALL, Elementwise, Pendulum, hamiltonian, integrator_keeps, jacobian_det,
+from conftest import (CLAIMS, HERE, SMALL, Elementwise, Pendulum, assert_integrator_keeps, hamiltonian, jacobian_det,
                       one_head, one_line_error, qk_pair, run, step_size, yoshida)
 
 
@@ -800,7 +800,7 @@ def keeps(step, **claims):  # a step's claims (symplectic, volume_preserving, sy
         mp.setitem(INTEGRATORS, 'claimed', Integrator(step, forces=0, vector_ops=0, **claims))
         for what in CLAIMS[:-1]:
             torch.manual_seed(0)  # (the measured order moves with the map's random start)
-            integrator_keeps('claimed', what)
+            assert_integrator_keeps('claimed', what)
         return order_ratio('claimed')
 
 
