@@ -1,13 +1,13 @@
 """
-A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped. One config field,
-`attn`, picks the attention: standard, diff (Differential Attention, Ye et al. 2024), or a QK_TRANSFORMS entry
-(coupled: the paper's leapfrog), alone or as diff+<entry>.
+A GPT with coupled query-key dynamics (Gahtan & Bronstein, arXiv 2604.01683), nanoGPT-shaped. `attn` picks the
+attention: standard, diff (Ye et al. 2024), a QK_TRANSFORMS entry (coupled is the paper's), or diff+<entry>.
 """
 
 import inspect
 import math
 import os
 import statistics
+from contextlib import suppress
 from dataclasses import dataclass
 from collections import namedtuple
 
@@ -18,7 +18,7 @@ from torch.nn import functional as F
 POS = ('learned', 'rope')
 PRESETS = {'tiny': dict(n_layer=4, n_head=4, n_embd=128), 'small': dict(n_layer=6, n_head=6, n_embd=384),  # laptops
            '60m': dict(n_layer=12, n_head=8, n_embd=512), '150m': dict(n_layer=16, n_head=12, n_embd=768),
-           '350m': dict(n_layer=24, n_head=16, n_embd=1024)}  # the paper's scales, our guess at their shapes
+           '350m': dict(n_layer=24, n_head=16, n_embd=1024)}  # the paper's scales: our guess at shapes
 
 
 @dataclass
@@ -31,7 +31,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False       # biases in Linears and LayerNorms (GPT-2: True)
     attn: str = 'standard'   # one of attn_names(): standard, diff, or [diff+]<a QK_TRANSFORMS entry>
-    qk_steps: int = 1        # integration steps (the Hamiltonians) or repeats of the map (uncoupled, invertible)
+    qk_steps: int = 1        # steps of the q/k map
     qk_hidden: int = 12      # width m of coupled's potential V; each entry's width(m) derives its own
     qk_scale: float = 2.0    # spread of the q/k nets' pre-activations at init, out of SiLU's straight range
     qk_dt: float = 0.1       # initial step size dt (learned per head)
@@ -60,9 +60,9 @@ class GPTConfig:
 # q/k transforms. Each maps q, k of shape (B, nh, T, hs) per head and per token: positions never mix.
 
 class Table(dict):  # an unknown name is an error, never a default; a taken one is refused
-    def __init__(self, entries, what=None):
+    def __init__(self, entries, what):
         super().__init__(entries)
-        self.what = what or entries.what  # what a name names
+        self.what = what  # what a name names
 
     def __missing__(self, name):
         raise ValueError(f"{self.what} {name!r} is unknown; choose one of {', '.join(self)}")
@@ -100,7 +100,7 @@ def silu_grad(z):  # silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
 class Potential(HeadMLP):
     """Our reading: F(q) = -grad V(q), V(q) = sum_j a_j silu(w_j . q + b_j) per head (w_j: the rows of W)."""
     gradient = True
-    # two matmuls of m hs multiply-adds (W q, then . W); per unit + b, silu' (5 operations) and * a
+    # two matmuls of m hs multiply-adds (W q, then . W); per unit + b, silu' (5 ops) and * a
     flops = staticmethod(lambda hs, m: (4 * m * hs, 7 * m))
 
     def __init__(self, n_head, head_size, hidden, w_std=None):
@@ -117,20 +117,20 @@ class FreeForce(HeadMLP):
     """The review's f(q) = A silu(W q + b) per head, W: hs -> m, A: m -> hs (here a). Its Jacobian A diag(silu') W
     is not symmetric, so it is the gradient of nothing: under leapfrog volume is kept, but not symplecticity."""
     gradient = False
-    flops = staticmethod(lambda hs, m: (4 * m * hs, 2 * m))  # W q, A (.); + b, silu
+    flops = staticmethod(lambda hs, m: (4 * m * hs, 2 * m))  # W q, A (.), + b, silu
 
     def __init__(self, n_head, head_size, hidden, w_std=None):
         super().__init__(n_head, head_size, hidden, head_size, w_std=w_std)  # W (nh, m, hs), b, A = a (nh, hs, m)
-        # as strong as the potential's F at init (at spread 2 silu's rms is about twice that of its derivative)
+        # as strong as the potential's F at init (at spread 2, silu's rms is twice its derivative's)
         nn.init.normal_(self.a, std=(w_std or 1 / math.sqrt(head_size)) / (2 * math.sqrt(hidden)))
 
 
 # Forces: cls(n_head, head_size, hidden, w_std=None); forward(q, scale) is scale F(q); gradient: F = -grad V;
-# flops(hs, m): (matmul, elementwise) FLOPs of one call per token and head, m hidden units
+# flops(hs, m): (matmul, elementwise) FLOPs of a call per token and head, m hidden units
 FORCES = Table({'potential': Potential, 'mlp': FreeForce}, 'force')
 
 
-# Integrators: step(h, q, k, dt) -> (q, k), one step of size dt for the Hamiltonian h; h.force(q, c) is c F(q)
+# Integrators: step(h, q, k, dt) -> (q, k), one step of size dt for the Hamiltonian h; h.force(q, c) = c F(q)
 
 def leapfrog(h, q, k, dt):  # kick-drift-kick: two forces a step
     k = k + h.force(q, dt / 2)  # kick:  k += dt/2 F(q)
@@ -159,15 +159,15 @@ INTEGRATORS = Table({
 
 
 class Hamiltonian(nn.Module):
-    """Query = position, key = momentum: per head q'' = F(q), F a FORCES entry (the potential's -grad V: H(q, k) =
-    1/2 |k|^2 + V(q)), stepped by an INTEGRATORS entry with a step size dt learned per head."""
-    scalars = ('dt',)  # learned per-head scalars, reported by qk_diagnostics
+    """Query = position, key = momentum: per head q'' = F(q), F a FORCES entry (a potential's: H = 1/2 |k|^2 + V(q)),
+    stepped by an INTEGRATORS entry with a step size dt learned per head."""
+    scalars = ('dt',)  # learned per-head scalars, which qk_diagnostics reports
 
     def __init__(self, n_head, head_size, hidden, steps, integrator='leapfrog', dt=0.1, w_std=None, force='potential'):
         super().__init__()
         self.f = FORCES[force](n_head, head_size, hidden, w_std=w_std)
         self.dt = nn.Parameter(torch.full((n_head,), float(dt)))
-        self.integrate = INTEGRATORS[integrator].step  # an unknown name fails here; no table lookup in the forward
+        self.integrate = INTEGRATORS[integrator].step  # an unknown name fails here
         self.steps, self.integrator = steps, integrator
 
     def force(self, q, scale=1.0):  # scale F(q); a subclass may change it (exercise 1)
@@ -228,19 +228,17 @@ class Invertible(nn.Module):
 
 
 # An entry of QK_TRANSFORMS: what --attn=[diff+]<name> builds, one module per layer.
-#   cls(n_head, head_size, **args(config), ...): the module; it gets each of hidden, steps, dt, w_std that its
-#       constructor names (QK_FLAGS), and initializes itself
+#   cls(n_head, head_size, **args(config), ...): the module; it initializes itself, and gets the QK_FLAGS it names
 #   width(m): its hidden width, from --qk_hidden's m
 #   flops(hs, width, steps): (matmul, elementwise) FLOPs per token and head; None: no price
-#   symplectic, volume_preserving, symmetric, order (None: no claim), identity_at_zero (dt = 0 is the identity):
-#       the promises `pytest -k <name>` checks
+#   symplectic, volume_preserving, symmetric, order (None: no claim), identity_at_zero: what `pytest -k <name>` checks
 QKTransform = namedtuple('QKTransform', 'cls args width flops symplectic volume_preserving symmetric order '
                                         'identity_at_zero')
 
 
 def dynamics(integrator, force='potential', width=lambda m: m, cls=None, **promises):
-    """The entry of a Hamiltonian (or cls, a subclass) under INTEGRATORS[integrator] and FORCES[force]; promises not
-    given follow: symplectic if the force is a gradient, the rest the integrator's."""
+    """The entry of a Hamiltonian (or cls, a subclass) stepped by INTEGRATORS[integrator] under FORCES[force]. Its
+    promises are the integrator's (symplectic: if the force is a gradient), unless given."""
     it, f = INTEGRATORS[integrator], FORCES[force]
     price = lambda hs, m, n: (n * it.forces * f.flops(hs, m)[0],  # n steps of forces and vector ops
                               n * (it.forces * f.flops(hs, m)[1] + it.vector_ops * hs))
@@ -254,7 +252,7 @@ QK_TRANSFORMS = Table({
     'coupled': dynamics('leapfrog'),  # the paper's method, our reading
     'euler': dynamics('euler'),
     'symplectic-euler': dynamics('symplectic-euler'),
-    # the review's free force; width h = m/2 matches coupled's parameters
+    # the review's free force; width h = m/2 matches coupled's count
     'euler-mlp': dynamics('euler', 'mlp', width=lambda m: max(1, m // 2)),  # exactly the review's equation
     'coupled-mlp': dynamics('leapfrog', 'mlp', width=lambda m: max(1, m // 2)),
     # h = m/4 matches coupled's parameters; Euler for q' = g_q(q), k' = g_k(k): order 1. A step: two nets, each two
@@ -307,7 +305,7 @@ def qk_transform(name, n_head, head_size, config):
 # ----------------------------------------------------------------------------------------------------------------
 
 class Rotary(nn.Module):
-    """Rotary position embedding (RoFormer), rotate-half form; applied to q, k after their dynamics."""
+    """Rotary position embedding (RoFormer), rotate-half form: after the q/k dynamics."""
 
     def __init__(self, head_size, block_size, base=10000.0):
         super().__init__()
@@ -349,8 +347,8 @@ class CausalSelfAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0 and T > 1,
                                               dropout_p=self.dropout if self.training else 0.0)
 
-    # diff: split_v makes one SDPA call per half of v, so that q, k, v share the head size (flash attention's
-    # condition); else one call per sub-head, v at 2hs. Equal outputs. None: split on CUDA only
+    # diff: one SDPA call per half of v (q, k, v of one head size: flash attention's condition), or per sub-head
+    # with v at 2hs; equal outputs. None: split on CUDA only
     split_v = None
 
     def diff_attend(self, q, k, v, past):
@@ -439,8 +437,7 @@ class GPT(nn.Module):
     def get_num_params(self):  # the tied embedding once, positions included
         return sum(p.numel() for p in self.parameters())
 
-    def qk_parameters(self):
-        # what coupling adds: the parameters of every module whose class is in QK_TRANSFORMS
+    def qk_parameters(self):  # what coupling adds: the parameters of the QK_TRANSFORMS classes' modules
         classes = tuple(spec.cls for spec in QK_TRANSFORMS.values())
         return list({id(p): p for m in self.modules() if isinstance(m, classes) for p in m.parameters()}.values())
 
@@ -455,7 +452,7 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) -> logits (B, T, vocab), loss (or None). With a KVCache, idx holds only the new tokens."""
+        """idx (B, T) -> logits (B, T, vocab), loss (or None); with a KVCache, idx is the new tokens."""
         b, t = idx.size()
         past = 0 if cache is None else len(cache)
         assert past + t <= self.config.block_size, f"cannot forward {past + t} positions, block_size is only " \
@@ -485,8 +482,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Extend idx (B, T) by max_new_tokens tokens (temperature=0: the most likely), through a KV cache while the
-        context fits block_size."""
+        """Extend idx (B, T) by max_new_tokens tokens (temperature=0: the most likely), with a KV cache."""
         bs, cache = self.config.block_size, None
         for _ in range(max_new_tokens):
             if cache is not None and len(cache) < bs:  # one new token
@@ -508,7 +504,7 @@ class GPT(nn.Module):
 
 
 class KVCache:
-    """Per layer, the (evolved, rotated) keys and values of every token so far, in buffers that grow by doubling."""
+    """Per layer, the (evolved, rotated) keys and values of every token so far, in buffers that double."""
 
     def __init__(self, n_layer):
         self.layers = [None] * n_layer  # (keys, values) buffers, (B, nh, capacity, hs)
@@ -530,7 +526,7 @@ class KVCache:
         return keys[:, :, :n + T], values[:, :, :n + T]
 
 
-class Seen(Exception):  # every watched module has given its output: the forward can stop
+class Seen(Exception):  # every watched module has given its output
     pass
 
 
@@ -545,9 +541,8 @@ def seen_by(model, idx, modules):
             raise Seen
     hooks = [m.register_forward_hook(hook) for m in modules]
     try:
-        model.eval()(idx)
-    except Seen:
-        pass
+        with suppress(Seen):
+            model.eval()(idx)
     finally:
         for h in hooks:
             h.remove()
@@ -555,15 +550,15 @@ def seen_by(model, idx, modules):
     return seen
 
 
-# the affine fit has 2 hs + 1 unknowns per output. Below FIT_TOKENS distinct tokens per unknown, or with [q, k, 1]
-# rank-deficient, nonlinear is None; at the floor it reads ~6% low (a residual shrinks as sqrt(1 - unknowns/tokens))
+# the affine fit's 2 hs + 1 unknowns need FIT_TOKENS distinct tokens each (else nonlinear is None; at 8 it reads ~6%
+# low: a residual shrinks like sqrt(1 - unknowns / tokens))
 FIT_TOKENS = 8
 
 
 @torch.no_grad()
 def qk_diagnostics(model, idx):
     """Per layer, how far and how nonlinearly its q/k map moves tokens idx (B, T): dq = |q' - q| / |q|, dk alike,
-    nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)| (also per head), and the map's `scalars` (dt)."""
+    nonlinear = |(q', k') - best affine fit A (q, k) + c| / |(q, k)|, and the map's `scalars` (dt)."""
     maps = [blk.attn.qk for blk in model.transformer.h if blk.attn.qk is not None]
     if not maps:
         return []
@@ -579,8 +574,7 @@ def qk_diagnostics(model, idx):
         fits = full_rank and distinct >= FIT_TOKENS * unknowns
         hs = q.size(-1)
         stats.append(dict(dq=rel(y[..., :hs], x[..., :hs]), dk=rel(y[..., hs:], x[..., hs:]),
-                          nonlinear=(resid.norm() / x.norm()).item() if fits else None,
-                          nonlinear_heads=(resid.norm(dim=(1, 2)) / x.norm(dim=(1, 2))).tolist() if fits else None))
+                          nonlinear=(resid.norm() / x.norm()).item() if fits else None))
         stats[-1].update({name: getattr(mod, name).flatten().tolist() for name in getattr(mod, 'scalars', ())})
     return stats
 
@@ -601,8 +595,8 @@ def top_singular_values(a, n=2, block=8, iters=10):
 
 
 def attention_stats(att):
-    """Causal attention att (..., T, T) in three means: entropy, row i's over its maximum log(i + 1) (1: uniform);
-    sink, row i's mass on position 0 (both over rows i >= 1); gap, sigma_2 / sigma_1 (0: rank one)."""
+    """Causal attention att (..., T, T) in three means over rows i >= 1: entropy, over its maximum log(i + 1) (1:
+    uniform); sink, the mass on position 0; and gap, sigma_2 / sigma_1 (0: rank one)."""
     rows, T = att[..., 1:, :], att.size(-1)                                           # rows i = 1 .. T-1
     log_n = torch.arange(2, T + 1, dtype=att.dtype, device=att.device).log()           # log(i + 1), (T-1,)
     entropy = -torch.special.xlogy(rows, rows).sum(-1) / log_n                         # -sum p log p, 0 log 0 = 0
@@ -616,8 +610,7 @@ DIAG_SEQUENCES = 8  # sequences the attention diagnostics read: (8, nh, T, T) fl
 
 @torch.no_grad()
 def attention_diagnostics(model, idx, sequences=DIAG_SEQUENCES):
-    """What coupling is said to cure (uniform attention, a sink, a spectral gap): per layer, attention_stats of every
-    (sub-)head's softmax on the first `sequences` rows of idx (B, T)."""
+    """Per layer, attention_stats of every (sub-)head's softmax on the first `sequences` rows of idx (B, T)."""
     if idx.size(1) < 2:  # no row i >= 1
         return []
     scored = seen_by(model, idx[:sequences], [blk.attn.scored for blk in model.transformer.h])
@@ -630,7 +623,7 @@ def median_layer(stats, key):  # the median over the layers that have a value (N
 
 
 def diagnostics(model, idx):
-    """Both diagnostics of idx (B, T), per layer, and the median layer's as the tail of train.py's eval line."""
+    """Both diagnostics of idx (B, T) per layer, and the median layer's as train.py's eval line's tail."""
     qk, att = qk_diagnostics(model, idx), attention_diagnostics(model, idx)
     line = ''
     if qk:
@@ -670,8 +663,8 @@ GPU_PEAK_FLOPS = {
 
 
 def peak_flops(device, dtype='bfloat16'):
-    """The peak for MFU: $GPU_PEAK_TFLOPS if set (a GPU not in the table), else the table's; None if neither. Both are
-    the dense bf16 (= fp16) peak; float32 runs multiply in TF32, whose dense peak is half that (A100, H100)."""
+    """MFU's peak: $GPU_PEAK_TFLOPS, else the table's (None: neither), the dense bf16 peak; float32 multiplies in
+    TF32, at half of it."""
     if os.environ.get('GPU_PEAK_TFLOPS'):
         peak = float(os.environ['GPU_PEAK_TFLOPS']) * 1e12
     else:
@@ -685,15 +678,15 @@ def find_device(name='auto'):
     if name.split(':')[0] in ('auto', 'cuda') and not here['cuda'] and torch.version.cuda \
             and os.path.exists('/dev/nvidia0'):  # an NVIDIA GPU that this torch cannot drive
         raise ValueError(f"torch {torch.__version__} is built for CUDA {torch.version.cuda}, which this NVIDIA "
-                         "driver does not run; install a build it runs, e.g. pip install torch --index-url "
-                         "https://download.pytorch.org/whl/cu126 (drivers 525 on), or use --device=cpu")
+                         "driver does not run: pip install torch --index-url https://download.pytorch.org/whl/cu126 "
+                         "(drivers 525 on), or --device=cpu")
     device = next(d for d in here if here[d]) if name == 'auto' else name
     if not here.get(device.split(':')[0]):
         raise ValueError(f"--device={name} is unknown, or not available here; use auto, cpu, cuda[:N] or mps")
     return device
 
 
-def autocast_dtype(device):  # dtype=auto: bf16 where native, fp16 on older CUDA GPUs (T4, V100), float32 off CUDA
+def autocast_dtype(device):  # dtype=auto: bf16 where native, fp16 on older GPUs (T4, V100), float32 off CUDA
     if not str(device).startswith('cuda'):
         return 'float32'
     return 'bfloat16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'
