@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -852,10 +853,11 @@ def test_ddp_compiles_inside_ddp_split_at_its_buckets_and_trains_as_eager(ddp_ru
 
 
 def test_compile_works_on_cpu(corpus, tmp_path):
-    # as the GPU recipe, compiled (float32 on a CPU); a cache of its own (inductor would reuse kernels compiled for
-    # another ATEN_CPU_CAPABILITY)
+    # as the GPU recipe, compiled (float32 on a CPU); a kernel cache per CPU kernel (inductor would reuse kernels
+    # compiled for another ATEN_CPU_CAPABILITY), kept between runs of the suite
+    cache = os.path.join(tempfile.gettempdir(), f'coupled-qk-inductor-{torch.backends.cpu.get_cpu_capability()}')
     r = train(corpus, tmp_path, '--compile=True', '--max_iters=3', '--eval_interval=3', '--n_layer=1',
-              '--attn=coupled', timeout=600, env={'TORCHINDUCTOR_CACHE_DIR': str(tmp_path / 'inductor')})
+              '--attn=coupled', timeout=600, env={'TORCHINDUCTOR_CACHE_DIR': cache})
     assert r.returncode == 0, r.stderr[-2000:]
     assert 'compiling' in r.stdout and 'torch.compile failed' not in r.stdout and 'float32, compiled' in r.stdout, \
         r.stdout[-2000:]  # (a warning names why compile failed)
