@@ -178,6 +178,14 @@ def test_G3_each_run_is_counted_once_under_its_own_name_whatever_copies_it(tmp_p
     assert f"{runs / 's1' / 'metrics.jsonl'}, {runs / 'coupled-s3' / 'metrics.jsonl'} are copies of " \
            f"{runs / 'coupled-s1' / 'metrics.jsonl'}" in err, err
     assert f"{runs / 'bak' / 'metrics.jsonl'} is a copy of {runs / 'out-coupled-s1' / 'metrics.jsonl'}" in err, err
+    # the README's own folders name no seed (out-standard, out-coupled): a cp -a backup leaves their rows as they were
+    readme = tmp_path / 'readme'
+    for name in ('out-standard', 'out-coupled'):
+        fake_run(readme / name, CURVE, 7.5, attn=name[4:], out_dir=name)
+    before = tabulate(capsys, readme)[1]
+    for name, backup in (('out-standard', 'old'), ('out-coupled', 'bak')):
+        shutil.copytree(readme / name, readme / backup)
+    assert tabulate(capsys, readme)[1] == before and set(table(before)) == {'standard', 'coupled'}
 
 
 def test_G3_a_failed_run_is_counted_never_averaged_nor_drawn_until_resumed_past_it(tmp_path, capsys, monkeypatch):
