@@ -10,6 +10,8 @@ your step) and of the flags that differ from train.py's defaults. A run is used 
 and only if its log names the model.py read here. No run is ever deleted. Ctrl-C stops the runs. The same command
 then resumes each from its checkpoint, or starts it again if it had saved none yet."""
 import argparse
+import ast
+import dataclasses
 import hashlib
 import json
 import os
@@ -48,8 +50,11 @@ for attn in args.attn:
         sys.exit(f"error: --attn={attn} is unknown{hint}; choose one of {', '.join(model.attn_names())}")
 source = open(os.path.join(ROOT, 'model.py'), 'rb').read()
 sha = hashlib.sha256(source).hexdigest()  # as train.py logs the model.py it imported
-usage = subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), '--help'], capture_output=True, text=True)
-defaults = dict(line.strip().partition('=')[::2] for line in usage.stdout.partition('defaults:\n')[2].splitlines())
+# train.py's defaults, read rather than run: GPTConfig's fields, then the values train.py's settings give
+settings = ast.parse(open(os.path.join(ROOT, 'train.py')).read()).body
+defaults = {f'--{f.name}': str(f.default) for f in dataclasses.fields(model.GPTConfig)} | {
+    f'--{n.targets[0].id}': str(n.value.value) for n in settings if isinstance(n, ast.Assign)
+    and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Constant)}
 
 
 def value(text):  # a flag's value as train.py reads it: 2e-3 is 0.002, True is true

@@ -1071,11 +1071,11 @@ def test_G4_lab_scripts_refuse_bad_input_in_one_line(tmp_path):
 def stub(repo, end='final', code=0, ckpt=True, edit=False):
     """A stub train.py (a run: its folder, a checkpoint unless not ckpt, a log that starts, with the hash of the
     model.py it reads as train.py's does, and ends with `end`, its calls counted, its exit code `code`; with edit, it
-    appends a line to model.py before it reads it; --help: one default) and a stub results/report.py that says what it
+    appends a line to model.py before it reads it; one setting, learning_rate) and a stub results/report.py that says what it
     was given."""
     open(repo / 'train.py', 'w').write(
         "import hashlib, json, os, sys\n"
-        "'--help' in sys.argv and sys.exit(print('flags and their defaults:\\n  --learning_rate=0.002'))\n"
+        "learning_rate = 0.002  # one setting, as train.py writes its defaults\n"
         "out = [a for a in sys.argv if a.startswith('--out_dir=')][0][10:]\n"
         f"{edit} and open('model.py', 'a').write('\\n# edited while the launcher runs\\n')\n"
         f"os.makedirs(out, exist_ok=True); {ckpt} and open(os.path.join(out, 'ckpt.pt'), 'a').write('x')\n"
