@@ -395,8 +395,8 @@ def test_G3_resume_eval_and_sample_take_the_checkpoints_settings_and_refuse_anot
         again('--init_from=resume', '--max_iters=8'))
     assert one_line_error(block, '--block_size=64 here but 40 in the checkpoint')
     assert one_line_error(model, "holds a different run: --attn='diff' here but 'coupled' in the checkpoint; drop")
-    assert one_line_error(preset, "--preset=small here (n_layer=6, n_head=6, n_embd=384) but n_layer=1, n_head=3, "
-                                  "n_embd=48 in the checkpoint")
+    assert one_line_error(preset, "--n_layer=6 here but 1 in the checkpoint; --n_head=6 here but 3 in the checkpoint; "
+                                  "--n_embd=384 here but 48 in the checkpoint; drop those flags (or --preset)")
     assert forced.returncode == 0, forced.stderr
     for r, name in ((corpus, 'sy'), (changed, 'sx')):  # another corpus named, or the run's corpus prepared again
         assert one_line_error(r, f"was trained on other text than {data / name} holds (corpus fingerprint {fp[:12]}, "

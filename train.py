@@ -187,16 +187,11 @@ if settings['init_from'] == 'resume' or not trains:
     checkpoint = torch.load(ckpt_path, map_location='cpu', weights_only=True)
     # the model this command names (by flags or a preset) must be the checkpoint's
     asked, theirs = PRESETS.get(given.get('preset'), {}) | given, checkpoint['model_args']
-    differ = [k for k in MODEL_KEYS if k in asked and asked[k] != theirs[k]]
-    clash = [f"--{k}={given[k]!r} here but {theirs[k]!r} in the checkpoint"
-             for k in differ if k in given]
-    by_preset = [k for k in differ if k not in given]
-    if by_preset:
-        here, there = (', '.join(f'{k}={d[k]}' for k in by_preset) for d in (asked, theirs))
-        clash.append(f"--preset={given['preset']} here ({here}) but {there} in the checkpoint")
+    clash = [f"--{k}={asked[k]!r} here but {theirs[k]!r} in the checkpoint"
+             for k in MODEL_KEYS if k in asked and asked[k] != theirs[k]]
     if clash:
-        die(f"{ckpt_path} holds a different run: {'; '.join(clash)}; drop those flags, or train in "
-            "another --out_dir")
+        die(f"{ckpt_path} holds a different run: {'; '.join(clash)}; drop those flags (or --preset), or "
+            "train in another --out_dir")
     settings |= {k: v for k, v in checkpoint['config'].items()
                  if k in defaults and k not in LOCAL_KEYS + tuple(given)}
     if trains:
