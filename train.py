@@ -190,8 +190,8 @@ if settings['init_from'] == 'resume' or not trains:
     clash = [f"--{k}={asked[k]!r} here but {theirs[k]!r} in the checkpoint"
              for k in MODEL_KEYS if k in asked and asked[k] != theirs[k]]
     if clash:
-        die(f"{ckpt_path} holds a different run: {'; '.join(clash)}; drop those flags (or --preset), "
-            "or train in another --out_dir")
+        die(f"{ckpt_path} holds a different run: {'; '.join(clash)}; drop those flags (or "
+            "--preset), or train in another --out_dir")
     settings |= {k: v for k, v in checkpoint['config'].items()
                  if k in defaults and k not in LOCAL_KEYS + tuple(given)}
     if trains:
