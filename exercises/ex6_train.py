@@ -41,8 +41,9 @@ named = sorted(set(given) & {'--attn', '--seed', '--out_dir', '--init_from'})
 if named:  # the folder's name says what trained it
     sys.exit(f"error: {', '.join(named)} after -- would train another run than its folder names; name variants as "
              "arguments and seeds with --seeds, e.g. mine coupled --seeds 1 2")
-sys.path.insert(0, ROOT)
+sys.path[:0] = [ROOT, os.path.join(ROOT, 'results')]
 import model  # noqa: E402  the model.py the runs train: yours, with `mine` appended
+import report  # noqa: E402  results/report.py, which prints the runs' table
 
 for attn in args.attn:
     if attn not in model.attn_names():
@@ -125,7 +126,8 @@ try:
     for run, (ok, line) in zip(runs, pool.map(lambda run: train(*run), runs)):
         print(line, flush=True)
         there += [folder(*run)] * ok
-    code = subprocess.call([sys.executable, os.path.join(ROOT, 'results', 'report.py'), *there]) if there else 1
+    if there:
+        report.main(there)
 except KeyboardInterrupt:  # Ctrl-C reaches every train.py too: each stops at its checkpoint
     pool.shutdown(cancel_futures=True)
     sys.exit("Ctrl-C: stopped; the same command again resumes each run cut short from its checkpoint, or starts it "
@@ -134,4 +136,3 @@ if there:
     print(f"\nthe table again, at any time: python results/report.py {' '.join(there)}")
 if len(there) < len(runs):
     sys.exit(f"error: {len(runs) - len(there)} of {len(runs)} runs are not in the table (their lines above say why)")
-sys.exit(code)

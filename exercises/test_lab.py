@@ -1085,7 +1085,7 @@ def stub(repo, end='final', code=0, ckpt=True, edit=False):
         f"    f.write(json.dumps(start) + '\\n' + ({end!r} != 'start') * (json.dumps(dict(event={end!r})) + '\\n'))\n"
         f"print('error: the data is not there; run prepare_data.py' if {code} == 1 else 'ok')\n"
         f"sys.exit({code})\n")
-    open(repo / 'results' / 'report.py', 'w').write("import sys\nprint('REPORT', *sys.argv[1:])\n")
+    open(repo / 'results' / 'report.py', 'w').write("def main(folders):\n    print('REPORT', *folders)\n")
 
 
 def checkpoints(repo):  # every run's checkpoint under runs/, by its path: its bytes' hash
