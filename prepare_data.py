@@ -160,7 +160,11 @@ def pydocs():
                 tree = ast.parse(open(os.path.join(dirpath, fn), encoding='utf-8').read())
             except (SyntaxError, UnicodeDecodeError, ValueError):
                 continue
-            parts = [ast.get_docstring(n) for n in ast.walk(tree)
+            # ast.walk's order (breadth first), through statements only: the docstrings are on defs
+            nodes, holds = [tree], (ast.stmt, ast.excepthandler, ast.match_case)
+            for n in nodes:
+                nodes += [c for c in ast.iter_child_nodes(n) if isinstance(c, holds)]
+            parts = [ast.get_docstring(n) for n in nodes
                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
             text = '\n\n'.join(p for p in parts if p)
             if text:
