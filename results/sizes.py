@@ -3,7 +3,7 @@ tokens (about one epoch). tiny (4 x 128) reuses results/paper_corpora.py's runs 
 middle size (4 x 256) and at small (6 x 384) each variant's learning rate is picked with seed 1 from a grid of factors
 of two, widened at the end where the best sits until it sits inside (min_lr a tenth). Then seeds 1-3 (middle) or 1-5
 (small) train each variant at its own rate, and both at standard's where the two differ. Then the tables and the
-picture (results/sizes.png). Run from the repository root, with CORPORA_DIR as for results/paper_corpora.py:
+picture, results/.assets/sizes.png. Run from the repository root, with CORPORA_DIR as for results/paper_corpora.py:
     python results/sizes.py"""
 import math
 import os
@@ -110,6 +110,13 @@ def table():
     return rows
 
 
+def wall_time():  # the summed wall times of the finished runs the tables cite, as their logs' final records say
+    outs = [run(size, lr, a, 1)[0] for size in GRID for a in ATTN for lr in grid(size, a)]
+    done = [o for o in dict.fromkeys(outs + [o for size in SEEDS for o, _ in jobs(size)]) if runner.finished(o)]
+    hours = sum(report.load_runs([o])[0]['final']['time'] for o in done) / 3600
+    print(f"\n{len(done)} runs have finished; their wall times, one core each, sum to {hours:.1f} hours")
+
+
 # what a seed fixes: one command (standard, small, seed 1, 200 iterations of the 500-iteration schedule, every loss
 # logged) with one thing changed against runs/sizes/seeds/here-<rate> (one thread, this code, the best CPU kernel)
 STUDY = {'b7058e8-2e-3': "the first protocol's code (b7058e8)", 'threads2-2e-3': 'two threads',
@@ -130,7 +137,7 @@ def seeds_table():
         print(f"| {name[-4:]} | {changed} | {first} | {', '.join(f'{d:.1e}' for d in most)} | {pa:.3f}, {pb:.3f} |")
 
 
-def plot(rows, path='results/sizes.png'):
+def plot(rows, path='results/.assets/sizes.png'):
     """coupled's change of perplexity against parameters (log axis), each variant at its own best rate: ours with +-1
     standard error and each seed's pair, the paper's three points beside them."""
     _, plt = report.pyplot()
@@ -158,6 +165,7 @@ if __name__ == '__main__':
         runner.run(jobs(size), paper_corpora.prepare)
     picks_table()
     rows = table()
+    wall_time()
     seeds_table()
     if len(rows) == 1 + len(SIZES):
         plot(rows)
