@@ -111,7 +111,8 @@ def die(msg, code=2):
     """A plausible mistake: one line (rank 0's), and exit."""
     if master:
         print(f"error: {msg}", file=sys.stderr)
-    else:  # torchrun stops every rank at the first failure: let rank 0's line come first
+    elif not dist.is_initialized():
+        # torchrun stops every rank at the first failure, maybe rank 0 still in its imports: wait
         time.sleep(30)
     shutdown(code)
 
