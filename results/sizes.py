@@ -105,7 +105,7 @@ def table():
             print(f"| {size} | {params / 1e6:.2f}M | {rates[0]}, {rates[1]} | 1-{seeds[-1]} | {mean(s):.3f} +- "
                   f"{stdev(s):.3f} | {mean(c):.3f} +- {stdev(c):.3f} | {change:+.1f}% | {t_of(s, c):.1f} | {later} |")
             if label == 'own best':
-                rows.append(dict(params=params, change=change, se=100 * se / mean(s),
+                rows.append(dict(size=size, params=params, change=change, se=100 * se / mean(s),
                                  seeds=[100 * (b / a - 1) for a, b in zip(s, c)]))
     return rows
 
@@ -127,7 +127,7 @@ def seeds_table():
     """Per change: the first iteration whose training loss differs, the largest difference in each 50 iterations and
     the full-split perplexity at 200 of both runs."""
     print("\n| rate | changed | first iteration whose loss differs | largest difference in iterations 1-50, 51-100, "
-          "101-150, 151-200 | full-split perplexity at 200 |\n|---|---|---|---|---|")
+          "101-150, 151-200 | full-split perplexity at 200, unchanged and changed |\n|---|---|---|---|---|")
     for name, changed in STUDY.items():
         logs = [report.read_log(f"runs/sizes/seeds/{n}/metrics.jsonl") for n in (f"here-{name[-4:]}", name)]
         (a, b), (pa, pb) = ([{r['iter']: r['loss'] for r in log if r['event'] == 'train'} for log in logs],
@@ -141,17 +141,18 @@ def plot(rows, path='results/.assets/sizes.png'):
     """coupled's change of perplexity against parameters (log axis), each variant at its own best rate: ours with +-1
     standard error and each seed's pair, the paper's three points beside them."""
     _, plt = report.pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig, ax = plt.subplots(figsize=(7, 4))
     ax.axhline(0, color='grey', lw=0.8)
     ax.errorbar([r['params'] for r in rows], [r['change'] for r in rows], [r['se'] for r in rows], fmt='o-',
                 capsize=4, label='ours: WikiText-2 test text, bytes, 500 iterations (mean, +-1 s.e.)')
-    for r in rows:
-        ax.plot([r['params']] * len(r['seeds']), r['seeds'], '.', color='C0', alpha=0.4)
-    ax.plot(*zip(*PAPER), 's--', color='C3', label='the paper: WikiText-103, GPT-2 tokens')
-    ax.set(xscale='log', xlabel='parameters', ylabel='coupled vs standard, perplexity (%)',
-           title='The gap against model size (dots: each seed\'s pair)')
+    for r in rows:  # each seed's pair a little to the right of its size, so the mean hides none
+        ax.plot([r['params'] * 1.25] * len(r['seeds']), r['seeds'], 'o', mfc='none', color='C0', ms=4)
+        ax.annotate(r['size'], (r['params'], r['change']), (-8, 0), textcoords='offset points', ha='right')
+    ax.plot(*zip(*PAPER), 's--', color='C3', label='the paper: WikiText-103, GPT-2 tokens, full training')
+    ax.set(xscale='log', xlabel='parameters', ylabel='coupled vs standard, perplexity (%)\nbelow 0: coupled is better',
+           title='The gap against model size (circles: each seed\'s pair)')
     ax.grid(alpha=0.3, which='both')
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8, loc='upper right')
     report.save(fig, path)
 
 
